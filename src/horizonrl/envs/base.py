@@ -1,0 +1,106 @@
+"""The environment protocol (DESIGN.md, "Environments").
+
+An environment is driven by an agent loop: ``reset(task)`` returns the first
+user message, ``step(action_text)`` consumes one raw assistant message and
+returns a :class:`StepResult`. Tool calls inside the message are parsed by the
+environment (``horizonrl.envs.tools``); a malformed call becomes an error
+observation, never an exception. ``snapshot()``/``restore()`` let RTPO fork
+siblings from any turn boundary; the default deep-copies ``self.state``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem instance. ``prompt`` is the user message that states it."""
+
+    id: str
+    prompt: str
+    answer: str
+    aliases: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class StepResult:
+    """What the environment returns for one assistant message.
+
+    ``role`` is the chat role the observation is rendered with (``tool`` for tool
+    results, ``user`` for anything else such as format reminders). ``obs_key`` is
+    the text used for peer matching (CCPO/GiGPO anchor states); ``invalid`` flags an
+    action the environment could not execute.
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    success: bool = False
+    role: str = "tool"
+    obs_key: str | None = None
+    invalid: bool = False
+    final_answer: str | None = None
+    tool_calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(ABC):
+    """Base class of every environment.
+
+    Subclasses set ``name`` and ``tools`` (a list of :class:`horizonrl.envs.tools.Tool`),
+    implement :meth:`reset`, :meth:`step`, :meth:`expert_action`, and a
+    ``make_tasks`` classmethod; all mutable episode state lives in ``self.state``
+    so that the default :meth:`snapshot`/:meth:`restore` are exact.
+    """
+
+    name: ClassVar[str] = "env"
+    system_prompt: ClassVar[str] = "You are a helpful agent. Use the tools, then give the final answer."
+
+    def __init__(self, **knobs: Any) -> None:
+        self.knobs = knobs
+        self.state: dict[str, Any] = {}
+
+    @property
+    @abstractmethod
+    def tools(self) -> list[Any]:
+        """Tool declarations (JSON schema) rendered into the chat template."""
+
+    @classmethod
+    @abstractmethod
+    def make_tasks(cls, n: int, *, seed: int, split: str = "train", **knobs: Any) -> list[Task]:
+        """``n`` deterministic tasks for ``seed``; train and test splits are disjoint."""
+
+    @abstractmethod
+    def reset(self, task: Task) -> str:
+        """Start an episode on ``task``; return the first user message."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply one raw assistant message."""
+
+    @abstractmethod
+    def expert_action(self, rng: random.Random, noise: float = 0.0) -> str:
+        """The expert's next assistant message for the current state.
+
+        With probability ``noise`` per decision the expert makes a plausible
+        mistake (used to make imperfect demonstrations).
+        """
+
+    @property
+    def can_fork(self) -> bool:
+        return True
+
+    def snapshot(self) -> Any:
+        return copy.deepcopy(self.state)
+
+    def restore(self, state: Any) -> None:
+        self.state = copy.deepcopy(state)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release external resources (processes, temp dirs)."""

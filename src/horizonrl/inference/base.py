@@ -1,0 +1,59 @@
+"""Engine interface (DESIGN.md, "Engines").
+
+An engine samples continuations of token-id prompts and scores given
+continuations by teacher forcing. Log-probs are those of the sampling
+distribution after temperature scaling (top-p only filters which tokens can be
+drawn), which is what the trainer recomputes, so the rollout/train ratio is 1
+before an update.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"SamplingParams.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Generation:
+    """One sampled continuation. ``finish_reason`` is ``stop`` (EOS or stop string) or ``length``."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    meta: dict = field(default_factory=dict)
+
+
+class Engine(ABC):
+    @abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per prompt."""
+
+    @abstractmethod
+    def score(
+        self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Log-prob of every continuation token given its context (teacher forcing, no grad)."""
+
+    def sync(self, state_dict: Mapping | None = None) -> None:  # noqa: B027
+        """Load new policy weights (no-op for engines that share the training model)."""

@@ -1,0 +1,36 @@
+"""Trajectory data model: turns, segments, rollouts, groups, rows, JSONL."""
+
+from horizonrl.trajectory.io import dumps_rollout, loads_rollout, read_jsonl, write_jsonl
+from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows
+from horizonrl.trajectory.types import (
+    SEGMENT_KINDS,
+    SPAN_LABELS,
+    Branch,
+    Group,
+    Rollout,
+    Segment,
+    Span,
+    Turn,
+    rollout_from_dict,
+    rollout_to_dict,
+)
+
+__all__ = [
+    "SEGMENT_KINDS",
+    "SPAN_LABELS",
+    "Branch",
+    "Group",
+    "Rollout",
+    "Row",
+    "Segment",
+    "Span",
+    "TokenAdvantages",
+    "Turn",
+    "build_rows",
+    "dumps_rollout",
+    "loads_rollout",
+    "read_jsonl",
+    "rollout_from_dict",
+    "rollout_to_dict",
+    "write_jsonl",
+]

@@ -1,0 +1,110 @@
+"""Turning rollouts into training rows.
+
+Consecutive turns of a segment whose prompts extend each other token-for-token
+merge into one row: ``prompt_0 + response_0 + env_0 + response_1 + ...`` where
+``env_t = prompt_{t+1}[len(prompt_t + response_t):]`` is loss-masked. Any break
+(a template that strips ``<think>``, a summary, truncation of old turns) starts
+a new row from that turn's own prompt. So every trainable token is scored under
+exactly the context it was sampled from (DESIGN.md, "Rows").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from horizonrl.trajectory.types import Rollout
+
+# advantages[rollout][segment][turn] -> array with one value per response token
+TokenAdvantages = Sequence[Sequence[Sequence[np.ndarray]]]
+
+
+@dataclass
+class Row:
+    """One training sequence.
+
+    ``trainable[j]`` is True for policy-generated tokens; ``old_logprobs``,
+    ``advantages`` and ``turn_ids`` are aligned with ``input_ids`` (zeros / -1 on
+    masked positions). ``turn_ids`` numbers the turns of the rollout in order,
+    which the turn-level importance-sampling option groups by.
+    """
+
+    input_ids: list[int]
+    trainable: list[bool]
+    old_logprobs: list[float]
+    advantages: list[float]
+    turn_ids: list[int]
+    rollout_index: int
+    segment_index: int
+    turns: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(self.trainable)
+
+
+def _extends(prefix: list[int], full: list[int]) -> bool:
+    return len(full) >= len(prefix) and full[: len(prefix)] == prefix
+
+
+def build_rows(
+    rollouts: Sequence[Rollout],
+    advantages: TokenAdvantages | None = None,
+    *,
+    merge: bool = True,
+) -> list[Row]:
+    """Build training rows for ``rollouts``.
+
+    ``advantages`` (same nesting as rollouts/segments/turns) gives each response
+    token its credit; without it every advantage is 0 (SFT-style rows).
+    ``merge=False`` gives one row per turn.
+    """
+    rows: list[Row] = []
+    for ri, rollout in enumerate(rollouts):
+        turn_counter = 0
+        for si, seg in enumerate(rollout.segments):
+            current: Row | None = None
+            for ti, turn in enumerate(seg.turns):
+                adv = (
+                    np.asarray(advantages[ri][si][ti], dtype=np.float64)
+                    if advantages is not None
+                    else np.zeros(len(turn.response_ids))
+                )
+                if adv.shape != (len(turn.response_ids),):
+                    raise ValueError(
+                        f"advantages for rollout {ri} segment {si} turn {ti} have shape "
+                        f"{adv.shape}, expected ({len(turn.response_ids)},)"
+                    )
+                if merge and current is not None and _extends(current.input_ids, turn.prompt_ids):
+                    env = turn.prompt_ids[len(current.input_ids) :]
+                    current.input_ids.extend(env)
+                    current.trainable.extend([False] * len(env))
+                    current.old_logprobs.extend([0.0] * len(env))
+                    current.advantages.extend([0.0] * len(env))
+                    current.turn_ids.extend([-1] * len(env))
+                else:
+                    n = len(turn.prompt_ids)
+                    current = Row(
+                        input_ids=list(turn.prompt_ids),
+                        trainable=[False] * n,
+                        old_logprobs=[0.0] * n,
+                        advantages=[0.0] * n,
+                        turn_ids=[-1] * n,
+                        rollout_index=ri,
+                        segment_index=si,
+                    )
+                    rows.append(current)
+                m = len(turn.response_ids)
+                current.input_ids.extend(turn.response_ids)
+                current.trainable.extend([True] * m)
+                current.old_logprobs.extend(float(x) for x in turn.logprobs)
+                current.advantages.extend(adv.tolist())
+                current.turn_ids.extend([turn_counter] * m)
+                current.turns.append(ti)
+                turn_counter += 1
+    return rows
