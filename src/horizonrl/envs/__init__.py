@@ -1,0 +1,45 @@
+"""Environments: the Env protocol, tools, and the built-in synthetic environments.
+
+Importing this package registers ``lookup``, ``rooms`` and ``arithmetic``::
+
+    from horizonrl.envs import get_env
+    env = get_env("lookup")(hops=2)
+    tasks = env.tasks(100, seed=0, split="train")
+"""
+
+from horizonrl.envs.arithmetic import ArithmeticEnv
+from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.common import ToolEnv
+from horizonrl.envs.lookup import LookupEnv
+from horizonrl.envs.registry import get_env, list_envs, make_env, register_env
+from horizonrl.envs.rooms import RoomsEnv
+from horizonrl.envs.tools import (
+    Tool,
+    ToolCall,
+    ToolCallError,
+    format_answer,
+    format_tool_call,
+    parse_answer,
+    parse_tool_calls,
+)
+
+__all__ = [
+    "ArithmeticEnv",
+    "Env",
+    "LookupEnv",
+    "RoomsEnv",
+    "StepResult",
+    "Task",
+    "Tool",
+    "ToolCall",
+    "ToolCallError",
+    "ToolEnv",
+    "format_answer",
+    "format_tool_call",
+    "get_env",
+    "list_envs",
+    "make_env",
+    "parse_answer",
+    "parse_tool_calls",
+    "register_env",
+]

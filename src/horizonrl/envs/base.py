@@ -6,6 +6,12 @@ returns a :class:`StepResult`. Tool calls inside the message are parsed by the
 environment (``horizonrl.envs.tools``); a malformed call becomes an error
 observation, never an exception. ``snapshot()``/``restore()`` let RTPO fork
 siblings from any turn boundary; the default deep-copies ``self.state``.
+
+Difficulty knobs are keyword arguments of both the constructor and
+``make_tasks``; ``env.tasks(n, seed=..., split=...)`` generates tasks with the
+knobs the instance was built with. ``state_key()`` is the canonical text of the
+current environment state (the same string a step reports as ``obs_key``), so an
+agent can read the key of the initial state right after ``reset``.
 """
 
 from __future__ import annotations
@@ -91,6 +97,14 @@ class Env(ABC):
         With probability ``noise`` per decision the expert makes a plausible
         mistake (used to make imperfect demonstrations).
         """
+
+    def tasks(self, n: int, *, seed: int, split: str = "train") -> list[Task]:
+        """``make_tasks`` with the knobs this instance was constructed with."""
+        return type(self).make_tasks(n, seed=seed, split=split, **self.knobs)
+
+    def state_key(self) -> str | None:
+        """Canonical text of the current environment state (peer matching); None if unsupported."""
+        return None
 
     @property
     def can_fork(self) -> bool:

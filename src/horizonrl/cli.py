@@ -1,0 +1,163 @@
+"""``horizonrl`` command line: train, sft, eval, demos, quickstart, view, and listings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from horizonrl.config import ConfigError, describe, load_config
+
+
+def _cmd_train(args) -> int:
+    from horizonrl.train.group_trainer import GroupTrainer
+
+    cfg = load_config(args.config, args.overrides)
+    trainer = GroupTrainer(cfg, resume=args.resume)
+    records = trainer.fit()
+    last = records[-1] if records else {}
+    print(json.dumps({k: v for k, v in last.items() if k.startswith(("eval/pass", "step", "success"))}))
+    return 0
+
+
+def _cmd_sft(args) -> int:
+    from horizonrl.train.recipes import run_sft
+
+    cfg = load_config(args.config, args.overrides)
+    out = run_sft(cfg)
+    print(f"SFT model written to {out}")
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from horizonrl.train.recipes import evaluate_model
+
+    cfg = load_config(args.config, args.overrides)
+    print(json.dumps(evaluate_model(cfg, args.model), indent=2))
+    return 0
+
+
+def _cmd_demos(args) -> int:
+    from horizonrl.train.bootstrap import generate_demos, write_demos
+
+    knobs = json.loads(args.knobs) if args.knobs else {}
+    demos = generate_demos(
+        args.env, args.n, seed=args.seed, noise=args.noise, max_turns=args.max_turns, knobs=knobs
+    )
+    write_demos(args.out, demos)
+    rate = sum(d["success"] for d in demos) / max(1, len(demos))
+    print(f"wrote {len(demos)} demonstrations to {args.out} (expert success {rate:.2f})")
+    return 0
+
+
+def _cmd_quickstart(args) -> int:
+    from horizonrl.train.recipes import quickstart
+
+    quickstart(out_dir=args.out, overrides=args.overrides)
+    return 0
+
+
+def _cmd_view(args) -> int:
+    from horizonrl.trajectory import read_jsonl
+
+    for i, r in enumerate(read_jsonl(args.file)):
+        if args.index is not None and i != args.index:
+            continue
+        print(
+            f"=== rollout {r.uid} task={r.task_id} reward={r.reward} success={r.success} end={r.termination}"
+        )
+        for si, seg in enumerate(r.segments):
+            print(f"--- segment {si} ({seg.kind})")
+            for ti, t in enumerate(seg.turns):
+                print(f"[turn {ti}] assistant ({len(t.response_ids)} tokens): {t.response_text}")
+                if t.observation is not None:
+                    print(f"[turn {ti}] observation: {t.observation}")
+    return 0
+
+
+def _cmd_envs(args) -> int:
+    from horizonrl.envs import get_env, list_envs
+
+    for name in list_envs():
+        doc = (get_env(name).__doc__ or "").strip().splitlines()
+        print(f"{name:12s} {doc[0] if doc else ''}")
+    return 0
+
+
+def _cmd_estimators(args) -> int:
+    from horizonrl import credit
+
+    for name in credit.list_estimators():
+        spec = credit.get_estimator(name)
+        print(f"{name:12s} loss_agg={spec.loss_agg_mode:26s} {spec.description}")
+    return 0
+
+
+def _cmd_config(args) -> int:
+    print(describe())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="horizonrl", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def with_config(sp):
+        sp.add_argument("--config", "-c", default=None, help="YAML config file")
+        sp.add_argument("overrides", nargs="*", help="section.field=value overrides")
+
+    sp = sub.add_parser("train", help="train with the group trainer")
+    with_config(sp)
+    sp.add_argument("--resume", action="store_true", help="resume from the run's latest checkpoint")
+    sp.set_defaults(fn=_cmd_train)
+
+    sp = sub.add_parser("sft", help="supervised warm start on demonstrations")
+    with_config(sp)
+    sp.set_defaults(fn=_cmd_sft)
+
+    sp = sub.add_parser("eval", help="held-out pass@1 / pass@k of a model directory")
+    with_config(sp)
+    sp.add_argument("--model", required=True, help="model directory (e.g. a checkpoint)")
+    sp.set_defaults(fn=_cmd_eval)
+
+    sp = sub.add_parser("demos", help="write expert demonstrations as JSONL")
+    sp.add_argument("--env", required=True)
+    sp.add_argument("--n", type=int, default=200)
+    sp.add_argument("--noise", type=float, default=0.0)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--max-turns", type=int, default=8)
+    sp.add_argument("--knobs", default=None, help="JSON object of environment knobs")
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(fn=_cmd_demos)
+
+    sp = sub.add_parser("quickstart", help="tiny model: SFT warm start, GRPO, before/after table")
+    sp.add_argument("--out", default="runs/quickstart")
+    sp.add_argument("overrides", nargs="*", help="section.field=value overrides of the quickstart config")
+    sp.set_defaults(fn=_cmd_quickstart)
+
+    sp = sub.add_parser("view", help="print rollouts from a rollouts/*.jsonl file")
+    sp.add_argument("file")
+    sp.add_argument("--index", type=int, default=None)
+    sp.set_defaults(fn=_cmd_view)
+
+    sub.add_parser("envs", help="list environments").set_defaults(fn=_cmd_envs)
+    sub.add_parser("estimators", help="list credit estimators").set_defaults(fn=_cmd_estimators)
+    sub.add_parser("config-reference", help="print every config field").set_defaults(fn=_cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, KeyError, FileNotFoundError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"horizonrl: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,269 @@
+"""Run configuration: frozen dataclasses with a help string on every field.
+
+Every field is validated when the config is built; an error names the field
+and the bad value. Configs load from YAML and accept ``section.field=value``
+overrides on the command line (values parsed as YAML scalars).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or out of range."""
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, choices=None, ge=None, gt=None, le=None, **kw):
+    """A dataclass field with a help string and simple declarative checks."""
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le}
+    if isinstance(default, dict | list):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+def _check(obj: Any, prefix: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        name = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(v):
+            continue
+        origin = typing.get_origin(hint)
+        allowed = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+        if v is None and type(None) in allowed:
+            continue
+        base = tuple(typing.get_origin(a) or a for a in allowed if a is not type(None))
+        if float in base and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+            object.__setattr__(obj, f.name, v)
+        if (base and not isinstance(v, base)) or (isinstance(v, bool) and bool not in base):
+            raise ConfigError(f"{name}={v!r}: expected {' or '.join(b.__name__ for b in base)}")
+        m = f.metadata
+        if m.get("choices") is not None and v not in m["choices"]:
+            raise ConfigError(f"{name}={v!r}: must be one of {list(m['choices'])}")
+        if m.get("ge") is not None and v < m["ge"]:
+            raise ConfigError(f"{name}={v!r}: must be >= {m['ge']}")
+        if m.get("gt") is not None and not v > m["gt"]:
+            raise ConfigError(f"{name}={v!r}: must be > {m['gt']}")
+        if m.get("le") is not None and v > m["le"]:
+            raise ConfigError(f"{name}={v!r}: must be <= {m['le']}")
+
+
+class _Section:
+    _prefix = ""
+
+    def __post_init__(self) -> None:
+        _check(self, self._prefix)
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    _prefix = "model."
+    path: str = opt(
+        "tiny", "'tiny' (build the embedded tiny model), 'smollm2', or a local HF model directory"
+    )
+    dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
+    device: str = opt("auto", "'auto', 'cpu', 'cuda' or 'cuda:N'")
+    tiny_hidden: int = opt(128, "tiny model: hidden size", gt=0)
+    tiny_layers: int = opt(4, "tiny model: transformer layers", gt=0)
+    tiny_vocab: int = opt(768, "tiny model: BPE vocabulary size of the trained tokenizer", ge=300)
+    seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus")
+
+
+@dataclass(frozen=True)
+class EnvConfig(_Section):
+    _prefix = "env."
+    name: str = opt("arithmetic", "registered environment name (see `horizonrl envs`)")
+    knobs: dict = opt({}, "difficulty knobs passed to the environment and its task generator")
+    train_tasks: int = opt(2000, "size of the training task pool", gt=0)
+    test_tasks: int = opt(100, "number of held-out evaluation tasks", gt=0)
+    seed: int = opt(0, "seed of the task generator")
+
+
+@dataclass(frozen=True)
+class RolloutConfig(_Section):
+    _prefix = "rollout."
+    group_size: int = opt(8, "rollouts per task (G)", ge=1)
+    tasks_per_step: int = opt(8, "tasks sampled per training step", ge=1)
+    temperature: float = opt(1.0, "sampling temperature (also applied to training log-probs)", gt=0.0)
+    top_p: float = opt(1.0, "nucleus sampling threshold", gt=0.0, le=1.0)
+    max_new_tokens: int = opt(48, "tokens per generation (turn)", ge=1)
+    max_turns: int = opt(6, "turns per rollout before it ends as max_turns", ge=1)
+    context_budget: int = opt(1024, "maximum prompt + generation tokens of one context", ge=16)
+    overflow: str = opt(
+        "truncate",
+        "when a turn would overrun the context budget: 'truncate' shortens the generation to fit "
+        "(ending the rollout when nothing fits); 'fail' ends the rollout as failed at once",
+        choices=("truncate", "fail"),
+    )
+    max_batch_size: int = opt(128, "engine batch size for generation", ge=1)
+
+
+@dataclass(frozen=True)
+class AlgoConfig(_Section):
+    _prefix = "algo."
+    estimator: str = opt("grpo", "registered credit estimator (see `horizonrl estimators`)")
+    estimator_params: dict = opt({}, "keyword parameters of the estimator")
+    loss_agg_mode: str | None = opt(
+        None,
+        "loss aggregation mode; default: the estimator's own",
+        choices=(
+            None,
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+            "rollout-mean-token-mean",
+        ),
+    )
+    clip_low: float = opt(0.2, "PPO lower clip epsilon", ge=0.0)
+    clip_high: float = opt(0.2, "PPO upper clip epsilon", ge=0.0)
+    dual_clip: float | None = opt(
+        None, "dual-clip constant c (> 1) for negative advantages; null = off", gt=1.0
+    )
+    turn_level_is: bool = opt(False, "replace token ratios by their turn's geometric mean (ECHO ablation)")
+    kl_coef: float = opt(0.0, "KL penalty coefficient toward the frozen initial policy", ge=0.0)
+    kl_kind: str = opt("low_var_kl", "KL estimator", choices=("low_var_kl", "k1", "k2"))
+    ppo_epochs: int = opt(1, "passes over each batch of rollouts", ge=1)
+    mini_batches: int = opt(1, "optimizer steps per epoch (rows split evenly)", ge=1)
+    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward micro-batch", ge=64)
+
+
+@dataclass(frozen=True)
+class OptimConfig(_Section):
+    _prefix = "optim."
+    lr: float = opt(1e-4, "AdamW learning rate", gt=0.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
+    beta1: float = opt(0.9, "AdamW beta1", ge=0.0, le=1.0)
+    beta2: float = opt(0.999, "AdamW beta2", ge=0.0, le=1.0)
+    grad_clip: float = opt(1.0, "max global gradient norm (0 = off)", ge=0.0)
+    warmup_steps: int = opt(0, "linear warmup steps", ge=0)
+    schedule: str = opt(
+        "constant", "learning-rate schedule after warmup", choices=("constant", "cosine", "linear")
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Section):
+    _prefix = "train."
+    steps: int = opt(20, "training steps (one batch of rollouts each)", ge=0)
+    seed: int = opt(0, "seed of task sampling, rollouts and shuffling")
+    out_dir: str = opt("runs/default", "run directory")
+    init: str | None = opt(
+        None, "model directory to start from (e.g. an SFT checkpoint); overrides model.path"
+    )
+    eval_every: int = opt(0, "evaluate every N steps (0 = only before and after training)", ge=0)
+    eval_samples: int = opt(4, "samples per held-out task (pass@1 averages them; pass@k uses all)", ge=1)
+    eval_temperature: float = opt(1.0, "sampling temperature at evaluation", gt=0.0)
+    save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", ge=0)
+    keep_checkpoints: int = opt(2, "checkpoints kept on disk", ge=1)
+    save_rollouts: bool = opt(True, "write each step's rollouts to rollouts/step_N.jsonl")
+    tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
+    progress: bool = opt(True, "show a progress bar")
+
+
+@dataclass(frozen=True)
+class SFTConfig(_Section):
+    _prefix = "sft."
+    data: str | None = opt(
+        None, "demonstration JSONL ({messages, tools} per line); null = generate from the env"
+    )
+    demos: int = opt(400, "demonstrations to generate when data is null", ge=1)
+    noise: float = opt(0.3, "expert noise of generated demonstrations", ge=0.0, le=1.0)
+    epochs: int = opt(3, "passes over the demonstrations", ge=1)
+    batch_size: int = opt(16, "demonstrations per optimizer step", ge=1)
+    lr: float = opt(1e-3, "AdamW learning rate", gt=0.0)
+    out_dir: str = opt("runs/sft", "where the fine-tuned model is written")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the policy model"})
+    env: EnvConfig = field(default_factory=EnvConfig, metadata={"help": "environment and tasks"})
+    rollout: RolloutConfig = field(
+        default_factory=RolloutConfig, metadata={"help": "sampling and agent loop"}
+    )
+    algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "credit and loss"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimizer"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training loop"})
+    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "supervised warm start"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}
+
+
+def from_dict(d: dict[str, Any] | None) -> RunConfig:
+    """Build a validated :class:`RunConfig`; unknown sections or fields raise ConfigError."""
+    d = d or {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"config must be a mapping of sections, got {type(d).__name__}")
+    sections = {}
+    for name, value in d.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"unknown config section {name!r}; known: {sorted(SECTIONS)}")
+        cls = SECTIONS[name]
+        value = value or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"config section {name!r} must be a mapping, got {value!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for k in value:
+            if k not in known:
+                raise ConfigError(f"unknown config field {name}.{k}; known: {sorted(known)}")
+        sections[name] = cls(**value)
+    return RunConfig(**sections)
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.field=value`` overrides (value parsed as YAML) to a config dict."""
+    d = {k: dict(v or {}) for k, v in (d or {}).items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) < 2:
+            raise ConfigError(f"override key {key!r} must be section.field")
+        value = yaml.safe_load(raw) if raw.strip() else None
+        target = d.setdefault(parts[0], {})
+        for p in parts[1:-1]:
+            target = target.setdefault(p, {})
+        target[parts[-1]] = value
+    return d
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file {path} does not exist") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+    return from_dict(apply_overrides(raw, overrides or []))
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def describe() -> str:
+    """Markdown table of every field with its default and help (the config reference)."""
+    lines = ["| field | default | help |", "|---|---|---|"]
+    for sec, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            lines.append(f"| `{sec}.{f.name}` | `{default!r}` | {f.metadata.get('help', '')} |")
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Baseline estimators: GRPO, Dr.GRPO, RLOO and multi-session broadcasting.
+
+Each computes one advantage per rollout within its group from the outcome
+rewards (spec/baselines.md) and gives it to every response token of every turn
+of every segment (:func:`~horizonrl.credit.broadcast.broadcast_to_tokens`).
+They differ in the per-rollout formula and in the loss aggregation they are
+defined with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from horizonrl.credit.broadcast import broadcast_to_tokens
+from horizonrl.credit.group import group_advantage, rloo_advantage
+from horizonrl.credit.registry import register_estimator
+from horizonrl.trajectory import Group, TokenAdvantages
+
+
+def per_group(groups: Sequence[Group], fn: Callable[[list[float]], np.ndarray]) -> np.ndarray:
+    """Apply ``fn`` to each group's outcome rewards; concatenate in rollout order."""
+    parts = [np.asarray(fn(g.rewards), dtype=np.float64) for g in groups]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+@register_estimator("grpo", loss_agg_mode="token-mean")
+def grpo(groups: Sequence[Group], *, normalize_std: bool = True, eps: float = 1e-6) -> TokenAdvantages:
+    """GRPO: A_i = (R_i - mean R) / (std R + eps) (ddof=1) on every response token (baselines.md)."""
+    values = per_group(groups, lambda r: group_advantage(r, normalize_std=normalize_std, eps=eps))
+    return broadcast_to_tokens(groups, values)
+
+
+@register_estimator("drgrpo", loss_agg_mode="seq-mean-token-sum-norm")
+def drgrpo(groups: Sequence[Group]) -> TokenAdvantages:
+    """Dr.GRPO: A_i = R_i - mean R on every response token, seq-mean-token-sum-norm loss (baselines.md)."""
+    values = per_group(groups, lambda r: group_advantage(r, normalize_std=False))
+    return broadcast_to_tokens(groups, values)
+
+
+@register_estimator("rloo", loss_agg_mode="token-mean")
+def rloo(groups: Sequence[Group]) -> TokenAdvantages:
+    """RLOO: A_i = R_i - mean_{j != i} R_j on every response token (baselines.md)."""
+    return broadcast_to_tokens(groups, per_group(groups, rloo_advantage))
+
+
+@register_estimator("broadcast", loss_agg_mode="rollout-mean-token-mean")
+def broadcast(groups: Sequence[Group], *, normalize_std: bool = True, eps: float = 1e-6) -> TokenAdvantages:
+    """Broadcasting: the GRPO advantage on every session, rollout-mean-token-mean loss (baselines.md).
+
+    The Mosaic paper's multi-session baseline: same per-token values as ``grpo``;
+    the rollout-level aggregation keeps a rollout with many sessions from
+    outweighing a rollout with one.
+    """
+    values = per_group(groups, lambda r: group_advantage(r, normalize_std=normalize_std, eps=eps))
+    return broadcast_to_tokens(groups, values)

@@ -1,0 +1,67 @@
+"""Group-relative trajectory advantages (spec/baselines.md, "Group-relative trajectory advantages").
+
+All functions take the terminal outcome rewards ``R`` of one group (all rollouts
+of one task) and return one advantage per rollout, as a float64 array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+
+def _as_rewards(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"rewards must be a 1-D sequence (one per rollout), got shape {r.shape}")
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"rewards must be finite, got {r.tolist()}")
+    return r
+
+
+def _degenerate(r: np.ndarray) -> bool:
+    """A group of (at most) one rollout, or one whose rewards are all equal."""
+    return r.size < 2 or bool(np.all(r == r[0]))
+
+
+def group_advantage(
+    rewards: ArrayLike | Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6
+) -> np.ndarray:
+    """GRPO / Dr.GRPO advantage of each rollout of one group.
+
+    GRPO (``normalize_std=True``)::
+
+        A_i = (R_i - mean(R)) / (std(R) + eps)        std: sample std, ddof=1
+
+    Dr.GRPO (``normalize_std=False``, Liu et al. 2025, "Understanding R1-Zero-Like
+    Training")::
+
+        A_i = R_i - mean(R)
+
+    A group of one rollout, or a group whose rewards are all equal, gets ``A = 0``
+    exactly (spec/baselines.md). Non-finite rewards raise ``ValueError``.
+    """
+    r = _as_rewards(rewards)
+    if _degenerate(r):
+        return np.zeros_like(r)
+    centered = r - r.mean()
+    if not normalize_std:
+        return centered
+    return centered / (r.std(ddof=1) + eps)
+
+
+def rloo_advantage(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
+    """REINFORCE leave-one-out advantage (Ahmadian et al. 2024, "Back to Basics")::
+
+        A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean(R))
+
+    A group of one rollout (no other sample to compare with), or a group whose
+    rewards are all equal, gets ``A = 0`` exactly (spec/baselines.md).
+    """
+    r = _as_rewards(rewards)
+    if _degenerate(r):
+        return np.zeros_like(r)
+    g = r.size
+    return g / (g - 1) * (r - r.mean())

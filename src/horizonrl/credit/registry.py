@@ -1,0 +1,142 @@
+"""Registry of advantage estimators, addressed by name from configs.
+
+An estimator is a function ``fn(groups: Sequence[Group], **params) -> TokenAdvantages``
+whose output is aligned with ``[r for g in groups for r in g.rollouts]``, then
+segments, then turns, one float per response token (see :mod:`.broadcast`).
+Estimators register themselves in the module that defines them::
+
+    @register_estimator("mosaic", loss_agg_mode="rollout-mean-token-mean", description="...")
+    def mosaic(groups, *, rho=0.2): ...
+
+and :func:`get_estimator` returns an :class:`EstimatorSpec`; calling the spec
+checks the parameter names and the shape of the result.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from horizonrl.credit.broadcast import check_token_advantages
+from horizonrl.trajectory import Group, TokenAdvantages
+
+# Mirrors horizonrl.losses.AGG_MODES (credit must not import torch; a test keeps them equal).
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "rollout-mean-token-mean",
+)
+
+EstimatorFn = Callable[..., TokenAdvantages]
+F = TypeVar("F", bound=EstimatorFn)
+
+
+class UnknownEstimatorError(KeyError, ValueError):
+    """Raised by :func:`get_estimator` for a name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _param_names(fn: EstimatorFn) -> tuple[str, ...] | None:
+    """Keyword parameters accepted after ``groups``; ``None`` when ``fn`` takes ``**kwargs``."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise TypeError(f"estimator {fn!r} must take the groups as its first positional parameter")
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return tuple(
+        p.name
+        for p in params[1:]
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """A registered estimator.
+
+    ``loss_agg_mode`` is the aggregation mode (``horizonrl.losses.aggregate``) the
+    method is defined with; a config may override it.
+    """
+
+    name: str
+    fn: EstimatorFn
+    loss_agg_mode: str = "token-mean"
+    description: str = ""
+
+    @property
+    def params(self) -> tuple[str, ...] | None:
+        """Names of the parameters the estimator accepts (``None``: any)."""
+        return _param_names(self.fn)
+
+    def __call__(self, groups: Sequence[Group], **params: Any) -> TokenAdvantages:
+        """Run the estimator; unknown parameter names raise ``TypeError`` naming them."""
+        accepted = self.params
+        if accepted is not None:
+            unknown = sorted(set(params) - set(accepted))
+            if unknown:
+                raise TypeError(
+                    f"estimator {self.name!r} got unknown parameter(s) {unknown}; "
+                    f"accepted: {list(accepted) or 'none'}"
+                )
+        groups = list(groups)
+        for g in groups:
+            if not isinstance(g, Group):
+                raise TypeError(f"estimator {self.name!r} expects Group objects, got {type(g).__name__}")
+        out = self.fn(groups, **params)
+        check_token_advantages(groups, out)
+        return out
+
+
+_REGISTRY: dict[str, EstimatorSpec] = {}
+
+
+def register_estimator(
+    name: str, *, loss_agg_mode: str = "token-mean", description: str = "", replace: bool = False
+) -> Callable[[F], F]:
+    """Decorator registering ``fn`` under ``name``; returns ``fn`` unchanged.
+
+    ``description`` defaults to the first line of the docstring. Registering a
+    taken name raises ``ValueError`` unless ``replace=True``.
+    """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; known modes: {list(LOSS_AGG_MODES)}")
+
+    def decorator(fn: F) -> F:
+        if name in _REGISTRY and not replace:
+            raise ValueError(f"estimator {name!r} is already registered (pass replace=True to override)")
+        _param_names(fn)  # validates the signature
+        doc = (inspect.getdoc(fn) or "").strip().splitlines()
+        _REGISTRY[name] = EstimatorSpec(
+            name=name, fn=fn, loss_agg_mode=loss_agg_mode, description=description or (doc[0] if doc else "")
+        )
+        return fn
+
+    return decorator
+
+
+def get_estimator(name: str) -> EstimatorSpec:
+    """The :class:`EstimatorSpec` registered under ``name``.
+
+    Unknown names raise :class:`UnknownEstimatorError` (a ``KeyError`` and a
+    ``ValueError``) whose message lists the known names.
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UnknownEstimatorError(
+            f"unknown estimator {name!r}; known estimators: {list_estimators()}"
+        ) from None
+
+
+def list_estimators() -> list[str]:
+    """Registered estimator names, sorted."""
+    return sorted(_REGISTRY)

@@ -1,0 +1,243 @@
+"""Shared machinery of the synthetic tool environments.
+
+:class:`ToolEnv` implements the turn protocol once: a message with an
+``<answer>`` ends the episode (reward 1.0 if correct, else 0.0; any tool calls in
+that message are not run); otherwise its ``<tool_call>`` blocks (at most
+``max_calls_per_turn``) are parsed and run in order and their outputs joined by
+newlines into one role-``tool`` observation (malformed ones become error text and
+set ``invalid=True``); a message with neither gets a short user-role reminder
+(``invalid=True``). ``StepResult.tool_calls`` counts the calls that ran;
+``info["tool_errors"]`` the malformed or failed ones. An optional per-task ``max_steps`` ends the
+episode (reward 0) after that many assistant messages.
+
+:func:`generate_tasks` turns a per-index candidate generator into a deterministic
+task list. Train and test are disjoint by construction: both splits walk the same
+candidate stream and keep a candidate only if the hash of its content falls in
+their bucket (20% test), so identical content always lands in the same split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.tools import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    ToolCall,
+    ToolCallError,
+    error_format_hint,
+    parse_answer,
+    parse_tool_calls,
+)
+
+SPLITS = ("train", "test")
+TEST_FRACTION = 0.2
+
+
+def check_int(env: str, knob: str, value: Any, lo: int, hi: int | None = None) -> None:
+    """Raise a ValueError naming ``knob`` unless ``value`` is an int in ``[lo, hi]``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{env}: knob {knob!r} must be an integer {bounds}, got {value!r}")
+
+
+def check_bool(env: str, knob: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{env}: knob {knob!r} must be true or false, got {value!r}")
+
+
+def check_noise(noise: Any) -> float:
+    """``noise`` as a float in [0, 1] (ValueError naming ``noise`` otherwise)."""
+    if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0.0 <= noise <= 1.0:
+        raise ValueError(f"expert noise must be a number in [0, 1], got {noise!r}")
+    return float(noise)
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, collapse spaces, strip quotes/punctuation at the ends and a leading article."""
+    text = re.sub(r"\s+", " ", str(text).strip().lower())
+    text = text.strip(" .,;:!?\"'`")
+    return re.sub(r"^(the|a|an) ", "", text)
+
+
+Candidate = dict[str, Any]  # prompt, answer, meta, optional aliases and key (split identity)
+
+
+def generate_tasks(
+    env: str, n: int, *, seed: int, split: str, generate: Callable[[random.Random], Candidate | None]
+) -> list[Task]:
+    """``n`` unique tasks of ``split`` from the candidate stream of ``seed`` (see module docstring)."""
+    if split not in SPLITS:
+        raise ValueError(f"{env}: split must be one of {SPLITS}, got {split!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{env}: n must be a non-negative integer, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{env}: seed must be an integer, got {seed!r}")
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    attempts = 200 * n + 2000
+    for i in range(attempts):
+        if len(tasks) >= n:
+            break
+        cand = generate(random.Random(f"{env}:{seed}:{i}"))
+        if cand is None:
+            continue
+        key = json.dumps(cand.get("key", [cand["prompt"], cand["meta"]]), sort_keys=True)
+        bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16**8
+        if (bucket < TEST_FRACTION) != (split == "test") or key in seen:
+            continue
+        seen.add(key)
+        full = json.dumps([cand["prompt"], cand["meta"]], sort_keys=True)
+        digest = hashlib.sha256(full.encode()).hexdigest()[:12]
+        meta = {"env": env, "split": split, **cand["meta"]}
+        aliases = tuple(str(a) for a in cand.get("aliases", ()))
+        tasks.append(Task(f"{env}-{digest}", cand["prompt"], str(cand["answer"]), aliases, meta))
+    if len(tasks) < n:
+        raise ValueError(
+            f"{env}: could only generate {len(tasks)} unique {split} tasks of the {n} asked for "
+            f"in {attempts} attempts; widen the knobs"
+        )
+    return tasks
+
+
+class ToolEnv(Env):
+    """An :class:`Env` driven by tool calls and a final ``<answer>`` (see module docstring).
+
+    Subclasses declare ``KNOBS`` (name -> default), ``_check_knobs``, ``_generate``
+    (one task candidate from an rng), ``_init_state`` (episode state from a task),
+    ``_call_tool`` and ``state_key``; everything mutable lives in ``self.state``.
+    """
+
+    KNOBS: ClassVar[dict[str, Any]] = {}
+    max_calls_per_turn: ClassVar[int] = 4
+    system_prompt: ClassVar[str] = (
+        f"Solve the task with the tools. Call a tool with <tool_call>JSON</tool_call>. "
+        f"Give the final answer as {ANSWER_OPEN}...{ANSWER_CLOSE}."
+    )
+
+    def __init__(self, **knobs: Any) -> None:
+        super().__init__(**self.validate_knobs(knobs))
+
+    @classmethod
+    def validate_knobs(cls, knobs: dict[str, Any]) -> dict[str, Any]:
+        """``knobs`` with defaults filled in; ValueError naming any unknown or bad knob."""
+        for k in knobs:
+            if k not in cls.KNOBS:
+                raise ValueError(f"{cls.name}: unknown knob {k!r}; known knobs: {', '.join(cls.KNOBS)}")
+        full = {**cls.KNOBS, **knobs}
+        cls._check_knobs(full)
+        return full
+
+    @classmethod
+    def _check_knobs(cls, knobs: dict[str, Any]) -> None:
+        """Raise ValueError naming the knob for any bad value."""
+
+    @classmethod
+    def make_tasks(cls, n: int, *, seed: int, split: str = "train", **knobs: Any) -> list[Task]:
+        full = cls.validate_knobs(knobs)
+        return generate_tasks(cls.name, n, seed=seed, split=split, generate=lambda r: cls._generate(r, full))
+
+    @classmethod
+    @abstractmethod
+    def _generate(cls, rng: random.Random, knobs: dict[str, Any]) -> Candidate | None:
+        """One task candidate (dict with prompt, answer, meta, optional aliases/key), None to reject."""
+
+    @abstractmethod
+    def _init_state(self, task: Task) -> dict[str, Any]:
+        """Env-specific episode state for ``task`` (merged into ``self.state``)."""
+
+    @abstractmethod
+    def _call_tool(self, call: ToolCall) -> tuple[str, bool]:
+        """Run a validated call; return (observation text, invalid). May set state done/success."""
+
+    def reset(self, task: Task) -> str:
+        if task.meta.get("env") != self.name:
+            raise ValueError(f"task {task.id!r} is for env {task.meta.get('env')!r}, not {self.name!r}")
+        self.state = {
+            "task_id": task.id,
+            "answer": task.answer,
+            "aliases": list(task.aliases),
+            "turn": 0,
+            "done": False,
+            "success": False,
+            "max_steps": task.meta.get("max_steps"),
+        }
+        self.state.update(self._init_state(task))
+        return task.prompt
+
+    def reminder(self) -> str:
+        """The user-role reply to a message with neither a tool call nor an answer."""
+        return (
+            f"No tool call or answer found. {error_format_hint(self.tools)} or {ANSWER_OPEN}...{ANSWER_CLOSE}"
+        )
+
+    def check_answer(self, answer: str) -> bool:
+        """Whether the final answer is correct (normalized match against answer and aliases)."""
+        got = normalize_answer(answer)
+        return any(got == normalize_answer(a) for a in [self.state["answer"], *self.state["aliases"]])
+
+    def step(self, action: str) -> StepResult:
+        st = self.state
+        if not st:
+            raise RuntimeError(f"{self.name}: call reset(task) before step()")
+        if st["done"]:
+            return self._result("The episode is over.", "user", invalid=True, reward=0.0)
+        st["turn"] += 1
+        final_answer, tool_calls, errors, invalid, role = None, 0, 0, False, "tool"
+        answer = parse_answer(action)
+        if answer is not None:
+            final_answer = answer
+            st["done"], st["success"] = True, self.check_answer(answer)
+            obs, role = ("Correct." if st["success"] else "Incorrect."), "user"
+        else:
+            calls = parse_tool_calls(action, self.tools)
+            outs: list[str] = []
+            for call in calls[: self.max_calls_per_turn]:
+                if isinstance(call, ToolCallError):
+                    outs.append(call.message)
+                    errors += 1
+                else:
+                    text, bad = self._call_tool(call)
+                    outs.append(text)
+                    tool_calls += 1
+                    errors += bad
+                if st["done"]:
+                    break
+            if len(calls) > self.max_calls_per_turn and not st["done"]:
+                outs.append(f"Only the first {self.max_calls_per_turn} tool calls were run.")
+            if not calls:
+                outs, role = [self.reminder()], "user"
+            obs, invalid = "\n".join(outs), errors > 0 or not calls
+        if not st["done"] and st["max_steps"] is not None and st["turn"] >= st["max_steps"]:
+            st["done"] = True
+            obs += "\nOut of steps."
+        reward = 1.0 if st["done"] and st["success"] else 0.0
+        return self._result(
+            obs,
+            role,
+            invalid=invalid,
+            reward=reward,
+            final_answer=final_answer,
+            tool_calls=tool_calls,
+            info={"tool_errors": errors, "turn": st["turn"]},
+        )
+
+    def _result(self, obs: str, role: str, *, invalid: bool, reward: float, **kw: Any) -> StepResult:
+        st = self.state
+        return StepResult(
+            obs,
+            reward=reward,
+            done=st["done"],
+            success=st["success"],
+            role=role,
+            obs_key=self.state_key(),
+            invalid=invalid,
+            **kw,
+        )

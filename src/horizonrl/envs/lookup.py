@@ -1,0 +1,175 @@
+"""``lookup``: multi-hop question answering over a generated fact base with a ``search`` tool.
+
+Each task has its own small world: ``hops + 1`` layers of entities (person,
+company, city, country, region) with short generated names, every entity linked
+to one entity of the next layer ("Tamo works at Rile.", "Rile is in Vosa."). The
+question follows a chain of ``hops`` links from a person::
+
+    What is the city of the company of Tamo?
+
+``search(query)`` returns the facts that mention the entity ``query`` (as subject
+or object) plus ``obs_facts`` distractor facts. The expert searches each hop's
+entity in order, then answers.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+from horizonrl.envs.base import Task
+from horizonrl.envs.common import ToolEnv, check_bool, check_int, check_noise
+from horizonrl.envs.registry import register_env
+from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
+
+LAYER_TYPES = ("person", "company", "city", "country", "region")
+RELATIONS = ("works at", "is in", "is in", "is in")
+MAX_HOPS = len(RELATIONS)
+_CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
+
+SEARCH = Tool(
+    "search",
+    "Find the facts that mention an entity.",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "entity name"}},
+        "required": ["query"],
+    },
+)
+
+
+def _names(rng: random.Random, k: int) -> list[str]:
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < k:
+        name = rng.choice(_CONSONANTS) + rng.choice(_VOWELS) + rng.choice(_CONSONANTS) + rng.choice(_VOWELS)
+        if name not in seen:
+            seen.add(name)
+            out.append(name.capitalize())
+    return out
+
+
+def _describe(hops: int, person: str) -> str:
+    """``the city of the company of Tamo`` for hops=2."""
+    text = person
+    for i in range(1, hops + 1):
+        text = f"the {LAYER_TYPES[i]} of {text}"
+    return text
+
+
+def _fact_text(fact: list[str]) -> str:
+    return f"{fact[0]} {fact[1]} {fact[2]}."
+
+
+@register_env("lookup")
+class LookupEnv(ToolEnv):
+    """Multi-hop lookup over a generated fact base (see module docstring).
+
+    Knobs: ``hops`` (1-4, default 2) links to follow; ``n_entities`` (2-200,
+    default 4) entities per layer; ``obs_facts`` (default 0) distractor facts added
+    to every search result (long observations when large); ``decompose`` (default
+    False) adds a hint that spells out the hops.
+    """
+
+    KNOBS: ClassVar[dict[str, Any]] = {"hops": 2, "n_entities": 4, "obs_facts": 0, "decompose": False}
+    system_prompt: ClassVar[str] = (
+        f"Answer the question. Look up facts with {SEARCH.example_call()}, "
+        "then give the final answer as <answer>...</answer>."
+    )
+
+    @property
+    def tools(self) -> list[Tool]:
+        return [SEARCH]
+
+    @classmethod
+    def _check_knobs(cls, knobs: dict[str, Any]) -> None:
+        check_int(cls.name, "hops", knobs["hops"], 1, MAX_HOPS)
+        check_int(cls.name, "n_entities", knobs["n_entities"], 2, 200)
+        check_int(cls.name, "obs_facts", knobs["obs_facts"], 0, 10_000)
+        check_bool(cls.name, "decompose", knobs["decompose"])
+
+    @classmethod
+    def _generate(cls, rng: random.Random, knobs: dict[str, Any]) -> dict[str, Any]:
+        hops, m = knobs["hops"], knobs["n_entities"]
+        names = _names(rng, m * (hops + 1))
+        layers = [names[i * m : (i + 1) * m] for i in range(hops + 1)]
+        link: dict[str, str] = {}
+        facts: list[list[str]] = []
+        for i in range(hops):
+            for e in layers[i]:
+                link[e] = rng.choice(layers[i + 1])
+                facts.append([e, RELATIONS[i], link[e]])
+        rng.shuffle(facts)
+        chain = [rng.choice(layers[0])]
+        for _ in range(hops):
+            chain.append(link[chain[-1]])
+        prompt = f"What is {_describe(hops, chain[0])}?"
+        if knobs["decompose"]:
+            steps = [f"the {LAYER_TYPES[1]} of {chain[0]}"] + [
+                f"its {LAYER_TYPES[i]}" for i in range(2, hops + 1)
+            ]
+            prompt += f" Hint: find {', then '.join(steps)}."
+        meta = {
+            "hops": hops,
+            "facts": facts,
+            "chain": chain,
+            "layers": layers,
+            "obs_facts": knobs["obs_facts"],
+            "decompose": knobs["decompose"],
+        }
+        return {"prompt": prompt, "answer": chain[-1], "meta": meta, "key": [facts, chain]}
+
+    def _init_state(self, task: Task) -> dict[str, Any]:
+        m = task.meta
+        return {
+            "facts": [list(f) for f in m["facts"]],
+            "chain": list(m["chain"]),
+            "layers": [list(layer) for layer in m["layers"]],
+            "obs_facts": m["obs_facts"],
+            "searched": [],
+        }
+
+    def _call_tool(self, call: ToolCall) -> tuple[str, bool]:
+        st = self.state
+        query = call.arguments["query"].strip().strip(".?!\"'")
+        entity = next((e for layer in st["layers"] for e in layer if e.lower() == query.lower()), None)
+        if entity is None:
+            return f'No facts about "{query}".', False
+        if entity not in st["searched"]:
+            st["searched"].append(entity)
+        hits = [f for f in st["facts"] if entity in (f[0], f[2])]
+        others = [f for f in st["facts"] if entity not in (f[0], f[2])]
+        k = min(st["obs_facts"], len(others))
+        if k:
+            rng = random.Random(f"{st['task_id']}:{entity}:{k}")
+            hits = hits + rng.sample(others, k)
+            rng.shuffle(hits)
+        return " ".join(_fact_text(f) for f in hits), False
+
+    def state_key(self) -> str | None:
+        if not self.state:
+            return None
+        return f"{self.state['task_id']}|searched={','.join(sorted(self.state['searched']))}"
+
+    def expert_action(self, rng: random.Random, noise: float = 0.0) -> str:
+        """Search ``chain[k]`` for the first hop ``k`` not yet searched, then answer.
+
+        With probability ``noise`` per call the expert instead answers a wrong
+        entity of the answer's type (a guess), or, before the last hop, searches
+        another entity of the current hop's type (a distractor), 50/50.
+        """
+        noise = check_noise(noise)
+        st = self.state
+        chain, layers = st["chain"], st["layers"]
+        hops = len(chain) - 1
+        k = 0
+        while k < hops and chain[k] in st["searched"]:
+            k += 1
+        if rng.random() < noise:
+            wrong = [e for e in layers[hops] if e != chain[hops]]
+            if k == hops or rng.random() < 0.5:
+                return format_answer(rng.choice(wrong))
+            return format_tool_call("search", {"query": rng.choice([e for e in layers[k] if e != chain[k]])})
+        if k == hops:
+            return format_answer(chain[hops])
+        return format_tool_call("search", {"query": chain[k]})

@@ -1,0 +1,349 @@
+"""Embedded Hugging Face engine (DESIGN.md, "Engines").
+
+``HFEngine`` samples from any ``transformers`` causal LM with a KV cache:
+prompts are left-padded into a batch with an attention mask and explicit
+position ids (so every row computes what an unpadded forward would), the
+batch is prefilled once, then decoded one token per step. Finished rows are
+dropped from the batch (and its cache) once enough of them have finished.
+
+Log-probs are ``log_softmax(logits / temperature)`` in float32 over the full
+vocabulary (top-p only restricts which tokens can be drawn), which is what
+the trainer recomputes; greedy decoding reports temperature-1 log-probs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from horizonrl.inference.base import Engine, Generation, SamplingParams
+
+__all__ = ["HFEngine"]
+
+_SCORE_LOGITS = 2**28  # at most this many logits (1 GiB in float32) per score() forward, beyond one row
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run in eval mode under ``torch.inference_mode``; restore train mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def _as_id_set(value) -> set[int]:
+    """``None``, one id or several ids -> a set of ids."""
+    return set() if value is None else {int(value)} if isinstance(value, int) else {int(v) for v in value}
+
+
+def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device):
+    """Left-pad ``seqs`` into ``(ids, attention_mask, position_ids)``; positions count real tokens only."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        if seq:
+            ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator, block: int = 1024) -> torch.Tensor:
+    """One index per row with probability proportional to ``weights`` (non-negative, positive row sums).
+
+    Two-level inverse-CDF sampling: pick a block of ``block`` columns from the block sums, then a
+    column inside it. Needs one uniform per row and one pass over the weights, which on CPU is
+    ~30x faster than ``torch.multinomial``; the cumulative sums are in float64 so rare tokens keep
+    their probability.
+    """
+    rows, vocab = weights.shape
+    dtype = torch.float32 if weights.device.type == "mps" else torch.float64
+    full = (vocab // block) * block
+    sums = weights[:, :full].reshape(rows, -1, block).sum(-1)
+    if full < vocab:
+        sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], dim=-1)
+    cdf = sums.to(dtype).cumsum(-1)
+    u = torch.rand((rows, 1), generator=generator, dtype=dtype, device=weights.device) * cdf[:, -1:]
+    # side="right" never lands on a zero-weight entry; the clamp guards rounding at the very end.
+    blk = torch.searchsorted(cdf, u, right=True)
+    blk = torch.minimum(blk, (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
+    u = u - torch.where(blk > 0, cdf.gather(-1, (blk - 1).clamp(min=0)), 0.0)
+    cols = blk * block + torch.arange(block, device=weights.device)
+    inner = weights.gather(-1, cols.clamp(max=vocab - 1)).masked_fill_(cols >= vocab, 0.0)
+    cdf = inner.to(dtype).cumsum(-1)
+    pick = torch.minimum(torch.searchsorted(cdf, u, right=True), (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
+    return cols.gather(-1, pick).squeeze(-1)
+
+
+class _StopWatcher:
+    """Incremental detokenizer for one row: decodes only the newest tokens and looks for stop strings.
+
+    Keeps a small window of already-decoded tokens as context (as vLLM/TGI do) so that
+    byte-fallback pieces and leading-space tokens decode correctly; text ending in an
+    incomplete UTF-8 sequence is checked up to that point but only committed once complete.
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tok = tokenizer
+        self.stops = tuple(s for s in stops if s)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""
+        self.prefix, self.read = 0, 0  # start of the context window; ids before ``read`` are decoded
+
+    def push(self, ids: list[int]) -> str | None:
+        """``ids`` is the row's generated ids so far (newest last); return the matched stop string, if any."""
+        decode = functools.partial(self.tok.decode, skip_special_tokens=False)
+        prev = decode(ids[self.prefix : self.read]) if self.read > self.prefix else ""
+        full = decode(ids[self.prefix :])
+        delta = full[len(prev) :]
+        if delta.endswith("\ufffd"):  # incomplete character: check what is complete, commit nothing yet
+            delta = delta.rstrip("\ufffd")
+            text = self.text + delta
+        else:
+            self.prefix, self.read = self.read, len(ids)
+            self.text = text = self.text + delta
+        if not delta:
+            return None
+        window = text[-(len(delta) + self.longest - 1) :]
+        self.text = self.text[-self.longest :]  # only a stop string's length of history is ever needed
+        for stop in self.stops:
+            if stop in window:
+                return stop
+        return None
+
+
+class HFEngine(Engine):
+    """Batched KV-cache sampler over a Hugging Face causal LM.
+
+    Args:
+        model: any ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids, ...)``).
+        tokenizer: its tokenizer (used for eos/pad ids, stop strings and ``Generation.text``); may be None.
+        device: where to run; the model is moved there if given (default: the model's device).
+        max_batch_size: prompts are processed in chunks of at most this many rows.
+        seed: seed of the engine's ``torch.Generator`` (see ``set_seed``/``rng_state``).
+        compact_fraction: finished rows are dropped from the batch and cache once at least this
+            fraction of the running rows has finished (0 drops them at once; 1 never drops them).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        device: str | torch.device | None = None,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        compact_fraction: float = 0.25,
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if device is not None:
+            model.to(device)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.compact_fraction = compact_fraction
+        eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
+        eos |= _as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        #: Token ids that end a generation (tokenizer + generation config); public, may be replaced.
+        self.eos_ids = frozenset(eos or _as_id_set(getattr(model.config, "eos_token_id", None)))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        self._generator = torch.Generator(device=self.device)
+        self.set_seed(seed)
+
+    def set_seed(self, seed: int) -> None:
+        """Reseed the sampling generator."""
+        self._generator.manual_seed(int(seed))
+
+    def rng_state(self) -> torch.Tensor:
+        """Sampling-generator state (a CPU byte tensor) for checkpoints."""
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore a state returned by ``rng_state``."""
+        self._generator.set_state(state)
+
+    def _forward(self, ids, mask, pos, cache=None, keep: int = 0) -> torch.Tensor:
+        """Logits of the last ``keep`` positions (all if 0)."""
+        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None)
+        if cache is not None:
+            kwargs[self._cache_kw] = cache
+        if keep and self._keep_kw:
+            kwargs[self._keep_kw] = keep
+        logits = self.model(**kwargs).logits
+        return logits[:, -keep:] if keep else logits
+
+    def _new_cache(self) -> DynamicCache:
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers
+            return DynamicCache()
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw one token per row; return ``(tokens, logprobs)`` under the temperature-scaled distribution."""
+        x = logits.float()
+        if params.greedy:
+            tokens = x.argmax(dim=-1)
+            return tokens, x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, -1)
+        if params.temperature != 1:
+            x = x / params.temperature
+        peak = x.amax(dim=-1, keepdim=True)
+        weights = (x - peak).exp_()  # unnormalised probabilities, max 1
+        total = weights.sum(dim=-1, keepdim=True)
+        if params.top_p < 1:
+            tokens = self._draw_nucleus(weights, total, params.top_p)
+        else:
+            tokens = _draw(weights, self._generator)
+        return tokens, (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
+
+    def _draw_nucleus(self, weights: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
+        """Sample within the nucleus: tokens whose higher-ranked mass is < top_p (the first always)."""
+
+        def pick(vals, idx, budget):  # vals sorted descending, idx their token ids
+            before = vals.double().cumsum(-1) - vals
+            choice = _draw(vals.masked_fill(before >= budget, 0.0), self._generator)
+            return idx.gather(-1, choice[:, None]).squeeze(-1), before[:, -1] + vals[:, -1] >= budget[:, 0]
+
+        # A partial top-k is much cheaper than a sort; only rows whose nucleus is wider get sorted.
+        budget = top_p * total.double()
+        tokens, covered = pick(*weights.topk(min(weights.shape[-1], 256), dim=-1), budget)
+        if not bool(covered.all()):
+            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered])[0]
+        return tokens
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per prompt (log-probs as in the module docstring).
+
+        A generation ends after an eos id (kept in ``ids``), after the token that completes a stop
+        string (kept; ``text`` is the decode of ``ids`` without special tokens), or after
+        ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos id or stop string.
+        """
+        prompts = [list(p) for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("HFEngine.generate: every prompt needs at least one token")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("HFEngine.generate: stop strings need a tokenizer")
+        # Group prompts of similar length into the same chunk to reduce padding.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: dict[int, Generation] = {}
+        with _eval_mode(self.model):
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start : start + self.max_batch_size]
+                gens = self._generate_chunk([prompts[i] for i in chunk], params)
+                results.update(zip(chunk, gens, strict=True))
+        return [results[i] for i in range(len(prompts))]
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        n = len(prompts)
+        ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
+        cache = self._new_cache()
+        logits = self._forward(ids, mask, pos, cache, keep=1)[:, -1]
+        next_pos = pos[:, -1:] + 1
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        reasons = ["length"] * n
+        meta: list[dict] = [{} for _ in range(n)]
+        watchers = [_StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
+        eos = self.eos_ids
+        rows = list(range(n))  # batch row -> prompt index
+        live = [True] * n  # per batch row: still generating
+        steps: list[tuple[list[int], torch.Tensor]] = []  # (rows, logprobs) per step, fetched at the end
+        ones = torch.ones((n, 1), dtype=mask.dtype, device=self.device)
+        for step in range(params.max_new_tokens):
+            tokens, logprobs = self._sample(logits, params)
+            steps.append((rows, logprobs))
+            for r, tok in enumerate(tokens.tolist()):
+                if not live[r]:
+                    continue
+                i = rows[r]
+                out_ids[i].append(tok)
+                hit = tok if tok in eos else watchers[i].push(out_ids[i]) if watchers else None
+                if hit is not None:
+                    reasons[i], live[r], meta[i]["stop"] = "stop", False, hit
+            n_live = sum(live)
+            if n_live == 0 or step == params.max_new_tokens - 1:
+                break
+            if n_live < len(rows) and (len(rows) - n_live) >= self.compact_fraction * len(rows):
+                keep = [r for r in range(len(rows)) if live[r]]
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
+                rows, live = [rows[r] for r in keep], [True] * len(keep)
+            mask = torch.cat([mask, ones[: len(rows)]], dim=1)
+            logits = self._forward(tokens[:, None], mask, next_pos, cache, keep=1)[:, -1]
+            next_pos = next_pos + 1
+        flat = torch.cat([lp for _, lp in steps]).tolist() if steps else []
+        out_lp: list[list[float]] = [[] for _ in range(n)]
+        k = 0
+        for step_rows, _ in steps:
+            for i in step_rows:
+                if len(out_lp[i]) < len(out_ids[i]):
+                    out_lp[i].append(flat[k])
+                k += 1
+        tok = self.tokenizer
+        texts = tok.batch_decode(out_ids, skip_special_tokens=True) if tok is not None else [""] * n
+        return [Generation(*fields) for fields in zip(out_ids, out_lp, texts, reasons, meta, strict=True)]
+
+    def score(
+        self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Teacher-forced float32 log-probs (temperature 1) of each continuation token given its context."""
+        if len(contexts) != len(continuations):
+            raise ValueError("HFEngine.score: contexts and continuations differ in length")
+        ctxs = [list(c) for c in contexts]
+        conts = [list(c) for c in continuations]
+        if any(not c for c, k in zip(ctxs, conts, strict=True) if k):
+            raise ValueError("HFEngine.score: a non-empty continuation needs a non-empty context")
+        results = [np.zeros(0, dtype=np.float32) for _ in ctxs]
+        # Longest continuations first, so a chunk's first row bounds its logits (rows x positions x vocab).
+        todo = sorted(
+            (i for i in range(len(ctxs)) if conts[i]), key=lambda i: (-len(conts[i]), -len(ctxs[i]))
+        )
+        vocab = self.model.config.get_text_config().vocab_size
+        start = 0
+        with _eval_mode(self.model):
+            while start < len(todo):
+                rows = max(
+                    1, min(self.max_batch_size, _SCORE_LOGITS // ((len(conts[todo[start]]) + 1) * vocab))
+                )
+                chunk, start = todo[start : start + rows], start + rows
+                scored = self._score_chunk([ctxs[i] for i in chunk], [conts[i] for i in chunk])
+                for i, lp in zip(chunk, scored, strict=True):
+                    results[i] = lp
+        return results
+
+    def _score_chunk(self, ctxs: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
+        # Left padding aligns every sequence's end, so only the last max_k + 1 positions need logits.
+        seqs = [c + k for c, k in zip(ctxs, conts, strict=True)]
+        ids, mask, pos = _left_pad(seqs, self.pad_id, self.device)
+        max_k = max(len(k) for k in conts)
+        logits = self._forward(ids, mask, pos, keep=max_k + 1)[:, :-1]
+        out = []
+        for row, cont in enumerate(conts):
+            k = len(cont)
+            row_logits = logits[row, max_k - k :].float()
+            target = torch.as_tensor(cont, device=row_logits.device)[:, None]
+            lp = row_logits.gather(-1, target).squeeze(-1) - torch.logsumexp(row_logits, dim=-1)
+            out.append(lp.cpu().numpy().astype(np.float32))
+        return out
+
+    def sync(self, state_dict: Mapping | None = None) -> None:
+        """Load ``state_dict`` into the engine's model (a separate copy); no-op when None (shared model)."""
+        if state_dict is not None:
+            self.model.load_state_dict(state_dict)

@@ -1,0 +1,94 @@
+"""Rows to padded tensors, token-budgeted micro-batches, and per-token log-probs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from horizonrl.trajectory import Row
+
+
+@dataclass
+class RowBatch:
+    """Right-padded tensors for a list of rows; ``[B, T]`` except ``rollout_ids`` ``[B]``.
+
+    Targets are shifted: position ``j`` holds the token at ``j + 1`` and the
+    log-prob the model assigns to it given ``input_ids[: j + 1]``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    turn_ids: torch.Tensor
+    rollout_ids: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, idx: torch.Tensor | slice) -> RowBatch:
+        return RowBatch(**{k: getattr(self, k)[idx] for k in self.__dataclass_fields__})
+
+    def to(self, device: torch.device | str) -> RowBatch:
+        return RowBatch(**{k: getattr(self, k).to(device) for k in self.__dataclass_fields__})
+
+
+def collate(rows: Sequence[Row], *, pad_id: int = 0, pad_to: int | None = None) -> RowBatch:
+    """Pad ``rows`` to a common length (``pad_to`` or the longest row)."""
+    T = max(len(r) for r in rows) if pad_to is None else pad_to
+    B = len(rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    tgt = torch.zeros((B, T - 1), dtype=torch.long)
+    mask = torch.zeros((B, T - 1), dtype=torch.float32)
+    old = torch.zeros((B, T - 1), dtype=torch.float32)
+    adv = torch.zeros((B, T - 1), dtype=torch.float32)
+    turn = torch.full((B, T - 1), -1, dtype=torch.long)
+    rid = torch.tensor([r.rollout_index for r in rows], dtype=torch.long)
+    for b, r in enumerate(rows):
+        n = len(r)
+        ids[b, :n] = torch.tensor(r.input_ids)
+        att[b, :n] = 1
+        tgt[b, : n - 1] = ids[b, 1:n]
+        mask[b, : n - 1] = torch.tensor(r.trainable[1:], dtype=torch.float32)
+        old[b, : n - 1] = torch.tensor(r.old_logprobs[1:], dtype=torch.float32)
+        adv[b, : n - 1] = torch.tensor(r.advantages[1:], dtype=torch.float32)
+        turn[b, : n - 1] = torch.tensor(r.turn_ids[1:], dtype=torch.long)
+    return RowBatch(ids, att, tgt, mask, old, adv, turn, rid)
+
+
+def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split row indices (in the given order) into chunks of at most ``token_budget`` padded tokens.
+
+    A single row longer than the budget gets a chunk of its own.
+    """
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if cur and max(longest, n) * (len(cur) + 1) > token_budget:
+            chunks.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def token_logprobs(model: torch.nn.Module, batch: RowBatch, *, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each target token under ``model`` with temperature-scaled logits, ``[B, T-1]``."""
+    T = int(batch.attention_mask.sum(1).max())
+    out = model(input_ids=batch.input_ids[:, :T], attention_mask=batch.attention_mask[:, :T], use_cache=False)
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = torch.gather(F.log_softmax(logits, dim=-1), -1, batch.targets[:, : T - 1].unsqueeze(-1)).squeeze(-1)
+    if lp.shape[1] < batch.targets.shape[1]:
+        lp = F.pad(lp, (0, batch.targets.shape[1] - lp.shape[1]))
+    return lp

@@ -1,0 +1,138 @@
+"""Models and demonstrations to start from: the embedded tiny model, SmolLM2, local directories.
+
+The tiny model's tokenizer is trained offline on text drawn from every
+registered environment (system prompts, tool schemas, user messages, expert
+actions and observations), so it speaks the environments' language with a
+vocabulary of a few hundred tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from horizonrl.config import ModelConfig
+from horizonrl.envs import get_env, list_envs
+from horizonrl.envs.base import Env, Task
+
+
+def expert_demo(env: Env, task: Task, rng: random.Random, *, noise: float, max_turns: int) -> dict[str, Any]:
+    """One expert episode as chat messages ``{"messages", "tools", "success", "task_id"}``."""
+    first = env.reset(task)
+    messages = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first}]
+    success = False
+    for _ in range(max_turns):
+        action = env.expert_action(rng, noise=noise)
+        messages.append({"role": "assistant", "content": action})
+        res = env.step(action)
+        if res.done:
+            success = bool(res.success)
+            break
+        messages.append({"role": res.role, "content": res.observation})
+    return {
+        "task_id": task.id,
+        "messages": messages,
+        "tools": [t.to_schema() for t in env.tools],
+        "success": success,
+    }
+
+
+def generate_demos(
+    env_name: str,
+    n: int,
+    *,
+    seed: int,
+    noise: float,
+    max_turns: int,
+    knobs: dict[str, Any] | None = None,
+    task_seed: int = 0,
+) -> list[dict[str, Any]]:
+    """``n`` expert demonstrations on training tasks of ``env_name``."""
+    knobs = knobs or {}
+    cls = get_env(env_name)
+    tasks = cls.make_tasks(n, seed=task_seed, split="train", **knobs)
+    rng = random.Random(seed)
+    demos = []
+    for task in tasks:
+        env = cls(**knobs)
+        try:
+            demos.append(expert_demo(env, task, rng, noise=noise, max_turns=max_turns))
+        finally:
+            env.close()
+    return demos
+
+
+def write_demos(path: str | Path, demos: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for d in demos:
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+
+
+def read_demos(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if not isinstance(d.get("messages"), list):
+                raise ValueError(f"{path}:{i}: a demonstration needs a 'messages' list")
+            out.append(d)
+    return out
+
+
+def tokenizer_corpus(*, seed: int, per_env: int = 150) -> Iterator[str]:
+    """Text of expert episodes (noisy, so mistakes are covered) from every registered environment."""
+    for name in list_envs():
+        for d in generate_demos(name, per_env, seed=seed, noise=0.3, max_turns=8, task_seed=seed):
+            yield json.dumps(d["tools"])
+            for m in d["messages"]:
+                yield f"{m['role']}\n{m['content']}"
+
+
+def build_tiny(cfg: ModelConfig, out_dir: str | Path):
+    """Train the tokenizer, build the randomly initialised tiny model and save both to ``out_dir``."""
+    from horizonrl.models import TinyModelConfig, build_tiny_model, save_model_and_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(tokenizer_corpus(seed=cfg.seed), vocab_size=cfg.tiny_vocab, seed=cfg.seed)
+    tcfg = TinyModelConfig(
+        hidden_size=cfg.tiny_hidden,
+        num_layers=cfg.tiny_layers,
+        intermediate_size=3 * cfg.tiny_hidden,
+        seed=cfg.seed,
+    )
+    model = build_tiny_model(tok, tcfg)
+    save_model_and_tokenizer(model, tok, out_dir)
+    return model, tok
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_policy(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):
+    """Model and tokenizer for a run.
+
+    ``init`` if given, else ``cfg.path``: 'tiny', 'smollm2' or a local directory.
+    """
+    from horizonrl.models import load_model_and_tokenizer, load_smollm2
+
+    device = resolve_device(cfg.device)
+    if init is not None:
+        return load_model_and_tokenizer(init, dtype=cfg.dtype, device=str(device))
+    if cfg.path == "tiny":
+        target = Path(work_dir) / "base_model"
+        if not (target / "config.json").exists():
+            build_tiny(cfg, target)
+        return load_model_and_tokenizer(target, dtype=cfg.dtype, device=str(device))
+    if cfg.path == "smollm2":
+        model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
+        return model.to(device=device, dtype=getattr(torch, cfg.dtype)), tok
+    return load_model_and_tokenizer(cfg.path, dtype=cfg.dtype, device=str(device))

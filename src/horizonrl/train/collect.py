@@ -1,0 +1,97 @@
+"""Collect groups of rollouts: ``G`` episodes per task through the batched agent loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from math import comb
+
+import numpy as np
+
+from horizonrl.agents import LoopLimits, run_episodes
+from horizonrl.agents.react import start_episode
+from horizonrl.envs.base import Env, Task
+from horizonrl.inference.base import Engine, SamplingParams
+from horizonrl.trajectory import Group, Rollout
+
+
+def collect_groups(
+    engine: Engine,
+    renderer,
+    make_env: Callable[[], Env],
+    tasks: Sequence[Task],
+    group_size: int,
+    params: SamplingParams,
+    limits: LoopLimits,
+    *,
+    tag: str = "",
+) -> list[Group]:
+    """Run ``group_size`` rollouts of every task; rollout uids are ``{tag}{task_index}-{k}``."""
+    episodes = []
+    groups = []
+    for i, task in enumerate(tasks):
+        gid = f"{tag}{i}"
+        groups.append(Group(group_id=gid, task_id=task.id))
+        for k in range(group_size):
+            episodes.append(start_episode(make_env(), task, renderer, uid=f"{gid}-{k}", group_id=gid))
+    try:
+        rollouts = run_episodes(engine, renderer, episodes, params, limits)
+    finally:
+        for ep in episodes:
+            ep.env.close()
+    for j, r in enumerate(rollouts):
+        groups[j // group_size].rollouts.append(r)
+    return groups
+
+
+def flatten(groups: Sequence[Group]) -> list[Rollout]:
+    return [r for g in groups for r in g.rollouts]
+
+
+def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
+    """Per-step rollout statistics (DESIGN.md metric keys)."""
+    n = max(len(rollouts), 1)
+    turns = [t for r in rollouts for t in r.turns]
+    nt = max(len(turns), 1)
+    term = [r.termination for r in rollouts]
+    return {
+        f"{prefix}reward/mean": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
+        f"{prefix}success/rate": sum(r.success for r in rollouts) / n,
+        f"{prefix}rollout/turns_mean": sum(r.num_turns for r in rollouts) / n,
+        f"{prefix}rollout/sessions_mean": sum(len(r.segments) for r in rollouts) / n,
+        f"{prefix}rollout/response_tokens_mean": sum(r.num_response_tokens for r in rollouts) / n,
+        f"{prefix}rollout/tool_calls_mean": sum(t.tool_calls for t in turns) / n,
+        f"{prefix}rollout/invalid_turn_rate": sum(t.invalid for t in turns) / nt,
+        f"{prefix}rollout/truncated_turn_rate": sum(t.truncated for t in turns) / nt,
+        f"{prefix}rollout/context_overflow_rate": term.count("context") / n,
+        f"{prefix}rollout/max_turns_rate": term.count("max_turns") / n,
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct (Chen et al. 2021): ``1 - C(n-c,k)/C(n,k)``."""
+    if k > n:
+        raise ValueError(f"pass@k needs k <= n samples, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def evaluate(
+    engine: Engine,
+    renderer,
+    make_env: Callable[[], Env],
+    tasks: Sequence[Task],
+    *,
+    samples: int,
+    params: SamplingParams,
+    limits: LoopLimits,
+) -> dict[str, float]:
+    """Held-out evaluation: ``samples`` rollouts per task, pass@1 and pass@samples."""
+    groups = collect_groups(engine, renderer, make_env, tasks, samples, params, limits, tag="eval")
+    correct = [sum(r.success for r in g.rollouts) for g in groups]
+    out = {
+        "eval/pass@1": float(np.mean([pass_at_k(samples, c, 1) for c in correct])),
+        f"eval/pass@{samples}": float(np.mean([pass_at_k(samples, c, samples) for c in correct])),
+    }
+    out.update(rollout_metrics(flatten(groups), prefix="eval/"))
+    return out

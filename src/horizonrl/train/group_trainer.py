@@ -1,0 +1,270 @@
+"""The group trainer: GRPO and every estimator that reads groups of rollouts.
+
+One step (DESIGN.md, ``train/``): sample ``tasks_per_step`` tasks, collect ``G``
+rollouts each with the batched agent loop, ask the configured credit estimator
+for per-token advantages, build rows, run the PPO update, log, checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from horizonrl import credit
+from horizonrl.agents import LoopLimits
+from horizonrl.config import RunConfig, save_config
+from horizonrl.envs import get_env
+from horizonrl.inference.base import SamplingParams
+from horizonrl.train import checkpoint as ckpt
+from horizonrl.train.bootstrap import load_policy, resolve_device
+from horizonrl.train.collect import collect_groups, evaluate, flatten, rollout_metrics
+from horizonrl.train.metrics import MetricsLogger
+from horizonrl.train.update import UpdateSettings, ppo_update
+from horizonrl.trajectory import build_rows, write_jsonl
+
+NONDETERMINISTIC_KEYS = ("time/", "throughput/")
+
+
+def _lr_lambda(warmup: int, total: int, schedule: str):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        frac = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
+
+    return f
+
+
+class GroupTrainer:
+    """Owns the policy, engine, optimizer and run directory of one training run."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        from horizonrl.inference import HFEngine
+        from horizonrl.models import ChatRenderer
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.train.out_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        torch.manual_seed(cfg.train.seed)
+        self.device = resolve_device(cfg.model.device)
+
+        self.estimator = credit.get_estimator(cfg.algo.estimator)
+        self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
+        self.env_cls = get_env(cfg.env.name)
+        knobs = dict(cfg.env.knobs)
+        self.train_tasks = self.env_cls.make_tasks(
+            cfg.env.train_tasks, seed=cfg.env.seed, split="train", **knobs
+        )
+        self.test_tasks = self.env_cls.make_tasks(
+            cfg.env.test_tasks, seed=cfg.env.seed, split="test", **knobs
+        )
+
+        self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
+        self.model.to(self.device)
+        self.renderer = ChatRenderer(self.tokenizer)
+        self.engine = HFEngine(
+            self.model,
+            self.tokenizer,
+            device=self.device,
+            max_batch_size=cfg.rollout.max_batch_size,
+            seed=cfg.train.seed,
+        )
+        self.ref_model = None
+        if cfg.algo.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(o.warmup_steps, cfg.train.steps, o.schedule)
+        )
+        self.task_rng = random.Random(cfg.train.seed)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.train.seed)
+        self.step = 0
+        self.params = SamplingParams(
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+        )
+        self.limits = LoopLimits(
+            max_turns=cfg.rollout.max_turns,
+            context_budget=cfg.rollout.context_budget,
+            overflow=cfg.rollout.overflow,
+        )
+        self.update_settings = UpdateSettings(
+            loss_agg_mode=self.loss_agg_mode,
+            clip_low=cfg.algo.clip_low,
+            clip_high=cfg.algo.clip_high,
+            dual_clip=cfg.algo.dual_clip,
+            turn_level_is=cfg.algo.turn_level_is,
+            kl_coef=cfg.algo.kl_coef,
+            kl_kind=cfg.algo.kl_kind,
+            ppo_epochs=cfg.algo.ppo_epochs,
+            mini_batches=cfg.algo.mini_batches,
+            micro_batch_tokens=cfg.algo.micro_batch_tokens,
+            temperature=cfg.rollout.temperature,
+            grad_clip=o.grad_clip,
+        )
+        resume_step = None
+        if resume:
+            path = ckpt.latest_checkpoint(self.ckpt_dir)
+            if path is None:
+                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
+            self._restore(path)
+            resume_step = self.step
+        save_config(cfg, self.run_dir / "config.yaml")
+        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step)
+
+    # ------------------------------------------------------------------ state
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "task_rng": self.task_rng.getstate(),
+            "shuffle_gen": self.shuffle_gen.get_state(),
+            "engine_rng": self.engine.rng_state(),
+            "global_rng": ckpt.rng_state(),
+        }
+
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(
+            self.ckpt_dir,
+            self.step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            state=self._state(),
+            keep=self.cfg.train.keep_checkpoints,
+        )
+
+    def _restore(self, path: Path) -> None:
+        ckpt.load_weights_into(self.model, path)
+        st = ckpt.load_trainer_state(path)
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        self.task_rng.setstate(st["task_rng"])
+        self.shuffle_gen.set_state(st["shuffle_gen"])
+        self.engine.set_rng_state(st["engine_rng"])
+        ckpt.set_rng_state(st["global_rng"])
+        self.step = int(st["step"])
+
+    # ------------------------------------------------------------------ loop
+
+    def make_env(self):
+        return self.env_cls(**self.cfg.env.knobs)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched)."""
+        saved = self.engine.rng_state()
+        self.engine.set_seed(self.cfg.train.seed + 1_000_003)
+        params = SamplingParams(
+            temperature=self.cfg.train.eval_temperature,
+            top_p=self.cfg.rollout.top_p,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+        )
+        try:
+            return evaluate(
+                self.engine,
+                self.renderer,
+                self.make_env,
+                self.test_tasks,
+                samples=self.cfg.train.eval_samples,
+                params=params,
+                limits=self.limits,
+            )
+        finally:
+            self.engine.set_rng_state(saved)
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
+        groups = collect_groups(
+            self.engine,
+            self.renderer,
+            self.make_env,
+            tasks,
+            cfg.rollout.group_size,
+            self.params,
+            self.limits,
+            tag=f"s{self.step}-",
+        )
+        t1 = time.perf_counter()
+        rollouts = flatten(groups)
+        advantages = self.estimator(groups, **cfg.algo.estimator_params)
+        rows = build_rows(rollouts, advantages)
+        t2 = time.perf_counter()
+        metrics = ppo_update(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            rows,
+            self.update_settings,
+            generator=self.shuffle_gen,
+            device=self.device,
+            pad_id=self.tokenizer.pad_token_id or 0,
+            ref_model=self.ref_model,
+        )
+        self.engine.sync()
+        t3 = time.perf_counter()
+        self.step += 1
+        gen_tokens = sum(r.num_response_tokens for r in rollouts)
+        adv_tokens = [a for r in advantages for s in r for t in s for a in t]
+        metrics.update(rollout_metrics(rollouts))
+        metrics.update(
+            {
+                "train/zero_adv_token_rate": (
+                    sum(1 for a in adv_tokens if a == 0.0) / len(adv_tokens) if adv_tokens else 0.0
+                ),
+                "time/rollout_s": t1 - t0,
+                "time/credit_s": t2 - t1,
+                "time/update_s": t3 - t2,
+                "time/step_s": t3 - t0,
+                "throughput/tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
+            }
+        )
+        if cfg.train.save_rollouts:
+            (self.run_dir / "rollouts").mkdir(exist_ok=True)
+            write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts)
+        return metrics
+
+    def fit(self, progress_cb=None) -> list[dict[str, Any]]:
+        """Train to ``train.steps``; evaluate before (fresh runs), every ``eval_every`` and at the end."""
+        cfg = self.cfg.train
+        records = []
+        if self.step == 0:
+            records.append(self.logger.log(0, self.evaluate()))
+        bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        while self.step < cfg.steps:
+            m = self.train_step()
+            last = self.step == cfg.steps
+            if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
+                m.update(self.evaluate())
+            records.append(self.logger.log(self.step, m))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{m['reward/mean']:.2f}", ratio=f"{m.get('train/ratio_geomean', 1.0):.4f}"
+                )
+            if progress_cb is not None:
+                progress_cb(self.step, m)
+            if last or (cfg.save_every and self.step % cfg.save_every == 0):
+                self.save()
+        if bar is not None:
+            bar.close()
+        self.logger.close()
+        return records

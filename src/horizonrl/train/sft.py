@@ -1,0 +1,84 @@
+"""Supervised warm start on demonstration JSONL (loss on assistant tokens only).
+
+Each demonstration is tokenized exactly as the agent loop builds contexts
+(``ChatRenderer.sft_example``): the same prompt ids, each assistant message
+followed by its end-of-turn token (trainable), each tool/user reply as masked
+continuation ids. The loss is the mean negative log-likelihood over all
+assistant tokens of the batch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from horizonrl.train.batching import collate, micro_batches, token_logprobs
+from horizonrl.trajectory import Row
+
+
+def demo_rows(renderer, demos: Sequence[dict[str, Any]]) -> list[Row]:
+    rows = []
+    for i, d in enumerate(demos):
+        ids, mask = renderer.sft_example(d["messages"], tools=d.get("tools"))
+        n = len(ids)
+        rows.append(
+            Row(
+                input_ids=list(ids),
+                trainable=[bool(x) for x in mask],
+                old_logprobs=[0.0] * n,
+                advantages=[0.0] * n,
+                turn_ids=[-1] * n,
+                rollout_index=i,
+                segment_index=0,
+            )
+        )
+    return rows
+
+
+def sft_train(
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    device: torch.device,
+    pad_id: int = 0,
+    micro_batch_tokens: int = 8192,
+    log=None,
+) -> list[float]:
+    """Train ``model`` in place; returns the mean loss of every optimizer step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    n_steps = epochs * ((len(rows) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / n_steps)
+    )
+    rng = random.Random(seed)
+    model.train()
+    losses = []
+    order = list(range(len(rows)))
+    for _epoch in range(epochs):
+        rng.shuffle(order)
+        for b in range(0, len(order), batch_size):
+            idx = sorted(order[b : b + batch_size], key=lambda i: len(rows[i]))
+            batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
+            total = float(batch.mask.sum())
+            step_loss = 0.0
+            for chunk in micro_batches([len(rows[i]) for i in idx], micro_batch_tokens):
+                sub = batch.slice(torch.tensor(chunk, device=device))
+                lp = token_logprobs(model, sub)
+                loss = -(lp * sub.mask).sum() / total
+                loss.backward()
+                step_loss += loss.item()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(step_loss)
+            if log is not None:
+                log(len(losses), n_steps, step_loss)
+    return losses

@@ -1,0 +1,48 @@
+"""Config validation: every error names the field and the bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from horizonrl.config import ConfigError, RunConfig, describe, from_dict, load_config, save_config
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.group_size=0", "rollout.group_size=0: must be >= 1"),
+        ("rollout.top_p=1.5", "rollout.top_p=1.5: must be <= 1.0"),
+        ("rollout.overflow=drop", "rollout.overflow='drop': must be one of"),
+        ("algo.kl_kind=k9", "algo.kl_kind='k9'"),
+        ("algo.dual_clip=1.0", "algo.dual_clip=1.0: must be > 1.0"),
+        ("algo.loss_agg_mode=sum", "algo.loss_agg_mode='sum'"),
+        ("optim.lr=fast", "optim.lr='fast': expected float"),
+        ("train.progress=3", "train.progress=3: expected bool"),
+        ("rollout.temp=1", "unknown config field rollout.temp"),
+        ("nosuch.x=1", "unknown config section 'nosuch'"),
+    ],
+)
+def test_bad_values_name_the_field(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+
+
+def test_overrides_parse_yaml_and_ints_widen_to_float(tmp_path):
+    cfg = load_config(None, ["optim.lr=1", "env.knobs={hops: 3}", "algo.dual_clip=3"])
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    assert cfg.env.knobs == {"hops": 3}
+    assert cfg.algo.dual_clip == 3.0
+    path = tmp_path / "c.yaml"
+    save_config(cfg, path)
+    assert load_config(path) == cfg
+
+
+def test_defaults_and_reference():
+    assert from_dict({}) == RunConfig()
+    ref = describe()
+    assert "`rollout.group_size`" in ref and "rollouts per task" in ref
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent.yaml")
+    with pytest.raises(ConfigError, match="override"):
+        load_config(None, ["no_equals_sign"])
