@@ -29,10 +29,13 @@ def test_bad_values_name_the_field(override, message):
 
 
 def test_overrides_parse_yaml_and_ints_widen_to_float(tmp_path):
-    cfg = load_config(None, ["optim.lr=1", "env.knobs={hops: 3}", "algo.dual_clip=3"])
+    cfg = load_config(
+        None, ["optim.lr=1", "env.knobs={hops: 3}", "algo.dual_clip=3", "optim.weight_decay=1e-2"]
+    )
     assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
     assert cfg.env.knobs == {"hops": 3}
     assert cfg.algo.dual_clip == 3.0
+    assert cfg.optim.weight_decay == 0.01  # YAML reads 1e-2 as a string
     path = tmp_path / "c.yaml"
     save_config(cfg, path)
     assert load_config(path) == cfg

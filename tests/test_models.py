@@ -341,3 +341,17 @@ def test_load_smollm2_and_chat(tmp_path):
     assert "Paris" in tok.decode(out[0, len(ids) :])
     again, _ = load_smollm2(tmp_path / "smol")  # from the safetensors cache
     assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_reloaded_tokenizer_segments_text_exactly_as_trained(tmp_path):
+    """transformers' AutoTokenizer would swap in Qwen2's own pre-tokenizer for a qwen2 model dir."""
+    from horizonrl.models import build_tiny_model, load_model_and_tokenizer, save_model_and_tokenizer
+
+    texts = ['<tool_call>{"name": "calculator", "arguments": {"expression": "35 - 7"}}</tool_call>'] * 20
+    tok = train_tokenizer([*texts, "Compute 35 - 7.", "The answer is 28."], vocab_size=400)
+    save_model_and_tokenizer(
+        build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=1)), tok, tmp_path
+    )
+    _, loaded = load_model_and_tokenizer(tmp_path)
+    for text in [*texts[:1], 'x {"name": "y"} (3 - 4) "5"']:
+        assert loaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)

@@ -146,8 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_transformers() -> None:
+    """Our own progress bar and logs are enough; hide transformers' per-load bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _quiet_transformers()
     try:
         return args.fn(args)
     except (ConfigError, KeyError, FileNotFoundError) as e:

@@ -42,9 +42,14 @@ def _check(obj: Any, prefix: str) -> None:
         if v is None and type(None) in allowed:
             continue
         base = tuple(typing.get_origin(a) or a for a in allowed if a is not type(None))
-        if float in base and isinstance(v, int) and not isinstance(v, bool):
-            v = float(v)
-            object.__setattr__(obj, f.name, v)
+        if float in base and isinstance(v, int | str) and not isinstance(v, bool):
+            # YAML reads `3e-4` (no dot) as a string; accept any float literal.
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+            else:
+                object.__setattr__(obj, f.name, v)
         if (base and not isinstance(v, base)) or (isinstance(v, bool) and bool not in base):
             raise ConfigError(f"{name}={v!r}: expected {' or '.join(b.__name__ for b in base)}")
         m = f.metadata
@@ -76,6 +81,9 @@ class ModelConfig(_Section):
     tiny_hidden: int = opt(128, "tiny model: hidden size", gt=0)
     tiny_layers: int = opt(4, "tiny model: transformer layers", gt=0)
     tiny_vocab: int = opt(768, "tiny model: BPE vocabulary size of the trained tokenizer", ge=300)
+    tiny_pretrain_steps: int = opt(
+        800, "tiny model: steps of synthetic in-context copy pretraining after initialisation", ge=0
+    )
     seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus")
 
 

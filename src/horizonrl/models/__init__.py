@@ -6,6 +6,7 @@ from horizonrl.models.loading import (
     is_model_dir,
     load_model_and_tokenizer,
     load_smollm2,
+    load_tokenizer,
     save_model_and_tokenizer,
     smollm2_gguf_path,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "is_model_dir",
     "load_model_and_tokenizer",
     "load_smollm2",
+    "load_tokenizer",
     "save_model_and_tokenizer",
     "smollm2_gguf_path",
     "tool_call_text",

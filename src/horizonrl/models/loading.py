@@ -15,6 +15,7 @@ dequantized tensors into a plain float32 model ourselves.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 _WEIGHT_FILES = (
@@ -77,9 +79,31 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(
             f"{str(p)!r} has no tokenizer (expected tokenizer.json or tokenizer_config.json)"
         )
-    tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    tokenizer = load_tokenizer(p)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, local_files_only=True)
     return model.to(device), tokenizer
+
+
+# Tokenizer classes that mean "exactly what tokenizer.json says".
+_GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """Load a local tokenizer, preserving a generic ``tokenizer.json`` exactly.
+
+    ``AutoTokenizer`` picks the class from the model type (e.g. ``Qwen2Tokenizer`` for
+    the tiny Qwen2 model), and in transformers 5 such classes rebuild the
+    pre-tokenizer with their own split pattern, silently changing how text is
+    segmented. Directories whose ``tokenizer_config.json`` names a generic class
+    are therefore loaded with :class:`PreTrainedTokenizerFast`, which keeps the
+    saved pipeline; everything else goes through ``AutoTokenizer``.
+    """
+    p = Path(path)
+    cfg_file = p / "tokenizer_config.json"
+    cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
+    if cls in _GENERIC_TOKENIZER_CLASSES and (p / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+    return AutoTokenizer.from_pretrained(p, local_files_only=True)
 
 
 def save_model_and_tokenizer(

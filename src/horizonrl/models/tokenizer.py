@@ -46,10 +46,12 @@ TOOLS_FOOTER = (
     '<tool_call>{"name": <function-name>, "arguments": <args-json>}</tool_call>'
 )
 
-# Qwen2-style split, but every digit (\p{N}) is its own pre-token.
+# Qwen2-style split, but every digit (\p{N}) and every punctuation mark is its own pre-token, so a
+# string such as ` "5` is segmented the same way in every context (merges like ` "(` made the
+# segmentation context-dependent, which a tiny model cannot learn to reproduce).
 _SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"|[^\s\p{L}\p{N}]|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 

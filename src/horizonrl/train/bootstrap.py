@@ -19,6 +19,7 @@ import torch
 from horizonrl.config import ModelConfig
 from horizonrl.envs import get_env, list_envs
 from horizonrl.envs.base import Env, Task
+from horizonrl.train.pretrain import copy_pretrain
 
 
 def expert_demo(env: Env, task: Task, rng: random.Random, *, noise: float, max_turns: int) -> dict[str, Any]:
@@ -96,7 +97,8 @@ def tokenizer_corpus(*, seed: int, per_env: int = 150) -> Iterator[str]:
 
 
 def build_tiny(cfg: ModelConfig, out_dir: str | Path):
-    """Train the tokenizer, build the randomly initialised tiny model and save both to ``out_dir``."""
+    """Train the tokenizer, build the randomly initialised tiny model, give it a brief
+    in-context copy pretraining (:mod:`horizonrl.train.pretrain`), save both to ``out_dir``."""
     from horizonrl.models import TinyModelConfig, build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
     tok = train_tokenizer(tokenizer_corpus(seed=cfg.seed), vocab_size=cfg.tiny_vocab, seed=cfg.seed)
@@ -107,6 +109,8 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
         seed=cfg.seed,
     )
     model = build_tiny_model(tok, tcfg)
+    if cfg.tiny_pretrain_steps:
+        copy_pretrain(model, vocab_size=len(tok), steps=cfg.tiny_pretrain_steps, seed=cfg.seed)
     save_model_and_tokenizer(model, tok, out_dir)
     return model, tok
 

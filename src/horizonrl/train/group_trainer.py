@@ -14,13 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from horizonrl import credit
 from horizonrl.agents import LoopLimits
 from horizonrl.config import RunConfig, save_config
 from horizonrl.envs import get_env
-from horizonrl.inference.base import SamplingParams
+from horizonrl.inference import HFEngine, SamplingParams
+from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.collect import collect_groups, evaluate, flatten, rollout_metrics
@@ -47,9 +49,6 @@ class GroupTrainer:
     """Owns the policy, engine, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
-        from horizonrl.inference import HFEngine
-        from horizonrl.models import ChatRenderer
-
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -219,13 +218,11 @@ class GroupTrainer:
         t3 = time.perf_counter()
         self.step += 1
         gen_tokens = sum(r.num_response_tokens for r in rollouts)
-        adv_tokens = [a for r in advantages for s in r for t in s for a in t]
+        flat_adv = np.concatenate([np.asarray(t) for r in advantages for s in r for t in s] or [np.zeros(0)])
         metrics.update(rollout_metrics(rollouts))
         metrics.update(
             {
-                "train/zero_adv_token_rate": (
-                    sum(1 for a in adv_tokens if a == 0.0) / len(adv_tokens) if adv_tokens else 0.0
-                ),
+                "train/zero_adv_token_rate": float(np.mean(flat_adv == 0.0)) if flat_adv.size else 0.0,
                 "time/rollout_s": t1 - t0,
                 "time/credit_s": t2 - t1,
                 "time/update_s": t3 - t2,
