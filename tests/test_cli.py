@@ -14,7 +14,8 @@ def test_listings(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in list_envs())
     assert main(["estimators"]) == 0
-    assert all(name in capsys.readouterr().out for name in list_estimators())
+    out = capsys.readouterr().out
+    assert all(name in out for name in list_estimators())
     assert main(["config-reference"]) == 0
     assert "`algo.clip_high`" in capsys.readouterr().out
 
