@@ -19,5 +19,7 @@ def tiny_model_dir(tmp_path_factory):
     from horizonrl.train.bootstrap import build_tiny
 
     path = tmp_path_factory.mktemp("tiny") / "model"
-    build_tiny(ModelConfig(tiny_hidden=32, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20, seed=0), path)
+    build_tiny(
+        ModelConfig(tiny_hidden=32, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20, seed=0), path
+    )
     return path
