@@ -49,3 +49,10 @@ def test_defaults_and_reference():
         load_config("/nonexistent.yaml")
     with pytest.raises(ConfigError, match="override"):
         load_config(None, ["no_equals_sign"])
+
+
+def test_readme_config_reference_is_current():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    assert describe() in readme.read_text(), "regenerate the README's config reference"
