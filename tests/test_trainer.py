@@ -110,3 +110,10 @@ def test_resume_gives_identical_weights_and_metrics(tiny_model_dir, tmp_path):
 def test_resume_without_checkpoint_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         GroupTrainer(_cfg(tiny_model_dir, tmp_path / "c", "train.steps=1"), resume=True)
+
+
+def test_tensorboard_logging(tiny_model_dir, tmp_path):
+    pytest.importorskip("tensorboard")
+    cfg = _cfg(tiny_model_dir, tmp_path / "tb", "train.steps=1", "train.tensorboard=true")
+    GroupTrainer(cfg).fit()
+    assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))

@@ -3,13 +3,20 @@
 Per-rollout formulas live in small modules (:mod:`.group`), the token layout in
 :mod:`.broadcast`, and named estimators for configs in the registry
 (:mod:`.registry`). Importing this package registers the baselines
-(``grpo``, ``drgrpo``, ``rloo``, ``broadcast``); other methods register in their
-own modules, imported here.
+(``grpo``, ``drgrpo``, ``rloo``, ``broadcast``) and the method estimators, each in
+its own module: ``mosaic`` and ``igpo`` (Mosaic paper), ``ccpo``, ``gigpo`` and
+``hgpo`` (CCPO paper), ``echo`` and ``supo`` (ECHO paper); RTPO's
+``sibling_advantage`` is called by its reverse-turn trainer directly.
 """
 
+from horizonrl.credit import ccpo, echo, gigpo, igpo, mosaic, supo  # noqa: F401  (registration)
 from horizonrl.credit.baselines import per_group  # importing registers the baselines
 from horizonrl.credit.broadcast import broadcast_to_tokens, check_token_advantages, flatten_rollouts
+from horizonrl.credit.ccpo import ContextualCredit, contextual_credit
+from horizonrl.credit.ccpo_features import StepBatch, step_batch_from_groups
+from horizonrl.credit.echo import provenance_mask
 from horizonrl.credit.group import group_advantage, rloo_advantage
+from horizonrl.credit.mosaic import session_aware_advantage, shape_session_advantages
 from horizonrl.credit.registry import (
     LOSS_AGG_MODES,
     EstimatorSpec,
@@ -18,18 +25,27 @@ from horizonrl.credit.registry import (
     list_estimators,
     register_estimator,
 )
+from horizonrl.credit.rtpo import sibling_advantage
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "ContextualCredit",
     "EstimatorSpec",
+    "StepBatch",
     "UnknownEstimatorError",
     "broadcast_to_tokens",
     "check_token_advantages",
+    "contextual_credit",
     "flatten_rollouts",
     "get_estimator",
     "group_advantage",
     "list_estimators",
     "per_group",
+    "provenance_mask",
     "register_estimator",
     "rloo_advantage",
+    "session_aware_advantage",
+    "shape_session_advantages",
+    "sibling_advantage",
+    "step_batch_from_groups",
 ]

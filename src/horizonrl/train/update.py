@@ -71,7 +71,7 @@ def ppo_update(
             idx.sort(key=lambda i: len(rows[i]))
             mb = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
             coef = token_coefficients(mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids)
-            log_ratio_sum, n_tok = 0.0, 0.0
+            log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
             totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
             for chunk in micro_batches([len(rows[i]) for i in idx], s.micro_batch_tokens):
                 c = torch.tensor(chunk, device=device)
@@ -104,7 +104,7 @@ def ppo_update(
                     d = (logp.detach() - sub.old_logprobs) * sub.mask
                     log_ratio_sum += float(d.sum())
                     n_tok += float(sub.mask.sum())
-                    add("train/ratio_max_abs_log", float(d.abs().max()))
+                    max_abs_log = max(max_abs_log, float(d.abs().max()))
             if s.grad_clip > 0:
                 gn = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
             else:
@@ -118,6 +118,7 @@ def ppo_update(
                 add(f"train/{k}", v)
             if epoch == 0 and m == 0 and n_tok > 0:
                 add("train/ratio_geomean", float(torch.exp(torch.tensor(log_ratio_sum / n_tok))))
+                add("train/ratio_max_abs_log", max_abs_log)
     if scheduler is not None:
         scheduler.step()
     out = {k: sums[k] / counts[k] for k in sums}

@@ -124,7 +124,7 @@ class Rollout:
     final_answer: str | None = None
     env: dict[str, Any] = field(default_factory=dict)
     branch: Branch | None = None
-    termination: str = "done"  # done | max_turns | context | truncated | error
+    termination: str = "done"  # done | max_turns | context | truncated | overlong | error
 
     @property
     def turns(self) -> list[Turn]:

@@ -1,0 +1,415 @@
+"""CCPO: contextual credit from observation-matched peers (spec/ccpo.md; paper Sec. 3 and App. C).
+
+For each unique step ``(i, t)`` of task ``x`` with observation ``o_{i,t}``:
+
+- Peers (Eq. 2): ``E = {(j, s): x_j = x, j != i, o_{j,s} = o_{i,t}}``; ``P = E`` when
+  non-empty, else every same-task step with ``j != i`` (task fallback). ``P``
+  empty (a task with one trajectory) => unsupported, zero contextual credit.
+- Bandwidth (App. C.2): ``tau_B = kernel_scale * m~_B``, ``m_B`` the median
+  Euclidean distance of ``phi`` over distinct unordered pairs of the bucket
+  ``B`` (all steps with the query's (task, observation), own trajectory
+  included; the whole task for fallback), ``m~_B = m_B if m_B > 1e-9 else 1``.
+- Readout (Eqs. 3-4): ``w = exp(-||phi_q - phi_p|| / tau_B)``; per peer trajectory
+  ``M_j = sum w``, ``mu_j = sum w r / max(M_j, 1e-12)``; then
+  ``B[r] = sum_j M_j mu_j / max(sum_j M_j, 1e-12)``.
+- Targets: ``Y_{i,t} = gamma^(T_i-1-t) R_i - eta 1[invalid]`` and
+  ``Z_{i,s} = gamma^(T_i-s) R_i``.
+- Historical credit (Eq. 5): ``C^H = Y - B[Y]``.
+- Future credit (Eqs. 6-7): ``V_{i,s} = B_{i,s}[Z]`` (``s < T_i``), ``V_{i,T_i} = R_i``;
+  ``t+ = min(t + horizon, T_i)``, ``dV = V_{i,t+} - V_{i,t}`` where both endpoints
+  are defined; ``C^F = z_x[dV]`` over the eligible unique steps of the task
+  (sample std + 1e-6; fewer than 2 eligible steps => 0).
+- Final (Eqs. 8, 11): over the task's supported restored rows ``S^_x`` (duplicates
+  counted), ``sigma = s(C^H + C^F) + 1e-6``, ``A^d = (C^d - mean^d) / sigma`` and
+  ``A^CC = A^H + A^F`` (a single supported row gets 0); ``final_standardize=False``
+  keeps ``A^d = C^d``. Episode channel (App. C.3): ``e = R - eta 1[invalid]``
+  standardized over all restored task rows, added with ``episode_weight``.
+
+Identical step rows (same task, trajectory and step) are merged before features,
+readouts and the future-credit standardization and restored at the end (App. C).
+All work runs on the unique steps in a canonical order, so the output does not
+depend on the order of the input rows. Everything is float64 NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from horizonrl.credit.ccpo_features import (
+    StepBatch,
+    broadcast_steps,
+    context_features,
+    factorize,
+    merge_duplicates,
+    step_batch_from_groups,
+    trajectory_codes,
+    unique_steps,
+)
+from horizonrl.credit.registry import register_estimator
+from horizonrl.trajectory import Group, TokenAdvantages
+
+KERNELS = ("exp", "cosine", "uniform")
+WEIGHT_FLOOR = 1e-12
+MEDIAN_FLOOR = 1e-9
+STD_EPS = 1e-6
+
+
+@dataclass(frozen=True, eq=False)
+class ContextualCredit:
+    """Per-row CCPO output, aligned with the input rows.
+
+    ``advantage = historical + future + episode_weight * episode``; ``historical``
+    and ``future`` are the contributions ``A^H``, ``A^F`` (Eq. 11; the raw
+    weighted credits when ``final_standardize=False``); ``supported``: the step
+    had peers; ``fallback``: its peers came from the task fallback; ``episode``:
+    the episode-channel advantage ``A^EP`` (before ``episode_weight``).
+    """
+
+    advantage: np.ndarray
+    historical: np.ndarray
+    future: np.ndarray
+    supported: np.ndarray
+    fallback: np.ndarray
+    episode: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class PeerReadout:
+    """Output of :func:`peer_readout`: ``values`` [N, K] (0 where unsupported), per-row flags, bandwidths."""
+
+    values: np.ndarray
+    supported: np.ndarray
+    fallback: np.ndarray
+    bandwidth: np.ndarray
+
+
+# ----------------------------------------------------------------- readout
+
+
+def pairwise_distances(phi: np.ndarray) -> np.ndarray:
+    """Euclidean distance matrix of the rows of ``phi`` (Gram form, near pairs recomputed exactly)."""
+    sq = np.einsum("ij,ij->i", phi, phi)
+    d2 = sq[:, None] + sq[None, :] - 2.0 * (phi @ phi.T)
+    d2 = np.maximum(0.5 * (d2 + d2.T), 0.0)
+    np.fill_diagonal(d2, 0.0)
+    # Near pairs lose all precision in the Gram form: recompute them from differences (in chunks).
+    a, b = np.nonzero(np.triu(d2 <= 1e-4, 1))
+    for lo in range(0, len(a), 4096):
+        i, j = a[lo : lo + 4096], b[lo : lo + 4096]
+        d2[i, j] = d2[j, i] = np.sum((phi[i] - phi[j]) ** 2, axis=1)
+    return np.sqrt(d2)
+
+
+def _safe_median(d: np.ndarray, members: np.ndarray) -> float:
+    """``m~_B``: median over distinct unordered pairs of ``members``; 1 when <= 1e-9 or no pair exists."""
+    if len(members) < 2:
+        return 1.0
+    iu = np.triu_indices(len(members), 1)
+    m = float(np.median(d[np.ix_(members, members)][iu]))
+    return m if m > MEDIAN_FLOOR else 1.0
+
+
+def peer_readout(
+    features: np.ndarray,
+    task_codes: np.ndarray,
+    traj_codes: np.ndarray,
+    obs_codes: np.ndarray,
+    targets: np.ndarray,
+    *,
+    kernel_scale: float = 0.15,
+    kernel: str = "exp",
+    exclude_self: bool = True,
+) -> PeerReadout:
+    """Contextual readouts ``B[r]`` of the columns of ``targets`` for every row (paper Eqs. 2-4, App. C.2).
+
+    Rows are unique steps; ``traj_codes`` must identify trajectories globally.
+    ``kernel``: ``"exp"`` (paper), ``"uniform"`` (``w = 1``) or ``"cosine"``
+    (``w = max(cos(phi_q, phi_p), 0)``, our reconstruction of the paper's
+    "cosine-based weighting" ablation). ``exclude_self=False`` is the "w/o
+    self-trajectory peer exclusion" ablation: exact peers include the query's own
+    trajectory and the query itself. ``bandwidth`` is ``tau_B`` (NaN where
+    unsupported). One pass per task; no loop over peers.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    targets = np.asarray(targets, dtype=np.float64)
+    targets = targets[:, None] if targets.ndim == 1 else targets
+    n = len(task_codes)
+    values = np.zeros((n, targets.shape[1]))
+    supported = np.zeros(n, dtype=bool)
+    fallback = np.zeros(n, dtype=bool)
+    bandwidth = np.full(n, np.nan)
+    order = np.argsort(task_codes, kind="stable")
+    bounds = np.flatnonzero(np.diff(task_codes[order])) + 1
+    for idx in np.split(order, bounds) if n else []:
+        phi, obs = features[idx], obs_codes[idx]
+        traj = np.unique(traj_codes[idx], return_inverse=True)[1].reshape(-1)
+        d = pairwise_distances(phi)
+        same_obs = obs[:, None] == obs[None, :]
+        other = traj[:, None] != traj[None, :]
+        exact = same_obs & other if exclude_self else same_obs
+        has_exact = exact.any(axis=1)
+        peers = np.where(has_exact[:, None], exact, other)
+        sup = peers.any(axis=1)
+        # Bandwidths, computed on the full bucket before trajectory exclusion.
+        tau = np.empty(len(idx))
+        by_obs = np.argsort(obs, kind="stable")
+        for members in np.split(by_obs, np.flatnonzero(np.diff(obs[by_obs])) + 1):
+            tau[members] = _safe_median(d, members)
+        if np.any(~has_exact & sup):
+            tau[~has_exact] = _safe_median(d, np.arange(len(idx)))
+        tau *= kernel_scale
+        if kernel == "exp":
+            w = np.exp(-d / tau[:, None])
+        elif kernel == "cosine":
+            w = np.maximum(phi @ phi.T, 0.0)
+        else:
+            w = np.ones_like(d)
+        w *= peers
+        onehot = np.eye(traj.max() + 1)[traj]  # [n_x, trajectories]
+        mass = w @ onehot  # M_j per query
+        denom = np.maximum(mass, WEIGHT_FLOOR)
+        total = np.maximum(mass.sum(axis=1), WEIGHT_FLOOR)
+        for k in range(targets.shape[1]):
+            traj_mean = (w @ (onehot * targets[idx, k][:, None])) / denom  # mu_j
+            values[idx, k] = np.where(sup, (mass * traj_mean).sum(axis=1) / total, 0.0)
+        supported[idx] = sup
+        fallback[idx] = sup & ~has_exact
+        bandwidth[idx] = np.where(sup, tau, np.nan)
+    return PeerReadout(values=values, supported=supported, fallback=fallback, bandwidth=bandwidth)
+
+
+# ----------------------------------------------------------------- standardization helpers
+
+
+def _grouped_z(values: np.ndarray, groups: np.ndarray, mask: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``(v - mean) / (sample std + 1e-6)`` within each group over ``mask`` rows counted ``weights`` times.
+
+    Rows outside ``mask``, groups with total weight < 2 and groups whose values
+    are all equal get 0.
+    """
+    out = np.zeros(len(values))
+    if not np.any(mask):
+        return out
+    g, v, c = groups[mask], values[mask], weights[mask].astype(np.float64)
+    n_groups = int(groups.max()) + 1
+    cnt = np.bincount(g, weights=c, minlength=n_groups)
+    mean = np.bincount(g, weights=c * v, minlength=n_groups) / np.maximum(cnt, 1.0)
+    ss = np.bincount(g, weights=c * (v - mean[g]) ** 2, minlength=n_groups)
+    ok = (cnt >= 2) & ~_constant(values, groups, mask)
+    std = np.sqrt(ss / np.maximum(cnt - 1.0, 1.0))
+    out[mask] = np.where(ok[g], (v - mean[g]) / (std[g] + STD_EPS), 0.0)
+    return out
+
+
+# ----------------------------------------------------------------- main entry points
+
+
+def contextual_credit(
+    steps: StepBatch,
+    hidden: np.ndarray,
+    *,
+    gamma: float = 0.95,
+    horizon: int = 2,
+    kernel_scale: float = 0.15,
+    eta: float = 0.1,
+    final_standardize: bool = True,
+    episode_weight: float = 0.0,
+    kernel: str = "exp",
+    summary_weight: float = 1.0,
+    exclude_self: bool = True,
+    history_weight: float = 1.0,
+    future_weight: float = 1.0,
+) -> ContextualCredit:
+    """CCPO step advantages for the rows of ``steps`` from frozen-model states ``hidden`` [N, D].
+
+    Defaults are the paper's (``gamma=0.95``, ``K_F = horizon = 2``,
+    ``tau_B = 0.15 m~_B``, ``eta = 0.1``). Ablation switches (App. B, Table S3):
+    ``kernel="uniform"|"cosine"``, ``summary_weight=0`` (w/o context summary),
+    ``exclude_self=False``, ``history_weight=0`` (future only), ``future_weight=0``
+    (history only). ``episode_weight=1`` is the ``A_CC + A_EP`` variant. See the
+    module docstring for every formula.
+    """
+    if len(steps) == 0:
+        return _empty()
+    first, inverse, counts = unique_steps(steps)
+    unique = steps.take(first)
+    phi = context_features(
+        unique, merge_duplicates(hidden, first, inverse, counts), summary_weight=summary_weight
+    )
+    return _credit(unique, phi, inverse, counts, gamma, horizon, kernel_scale, eta, final_standardize,
+                   episode_weight, kernel, exclude_self, history_weight, future_weight)  # fmt: skip
+
+
+def contextual_credit_from_features(
+    steps: StepBatch,
+    features: np.ndarray,
+    *,
+    gamma: float = 0.95,
+    horizon: int = 2,
+    kernel_scale: float = 0.15,
+    eta: float = 0.1,
+    final_standardize: bool = True,
+    episode_weight: float = 0.0,
+    kernel: str = "exp",
+    exclude_self: bool = True,
+    history_weight: float = 1.0,
+    future_weight: float = 1.0,
+) -> ContextualCredit:
+    """:func:`contextual_credit` with precomputed context features ``phi`` [N, F] instead of hidden states."""
+    if len(steps) == 0:
+        return _empty()
+    first, inverse, counts = unique_steps(steps)
+    phi = merge_duplicates(features, first, inverse, counts)
+    return _credit(steps.take(first), phi, inverse, counts, gamma, horizon, kernel_scale, eta,
+                   final_standardize, episode_weight, kernel, exclude_self, history_weight,
+                   future_weight)  # fmt: skip
+
+
+def _empty() -> ContextualCredit:
+    z = np.zeros(0)
+    return ContextualCredit(z, z.copy(), z.copy(), np.zeros(0, bool), np.zeros(0, bool), z.copy())
+
+
+def _credit(
+    u: StepBatch,
+    phi: np.ndarray,
+    inverse: np.ndarray,
+    counts: np.ndarray,
+    gamma: float,
+    horizon: int,
+    kernel_scale: float,
+    eta: float,
+    final_standardize: bool,
+    episode_weight: float,
+    kernel: str,
+    exclude_self: bool,
+    history_weight: float,
+    future_weight: float,
+) -> ContextualCredit:
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    if kernel_scale <= 0:
+        raise ValueError(f"kernel_scale must be positive, got {kernel_scale}")
+    if int(horizon) != horizon or horizon < 0:
+        raise ValueError(f"horizon must be a non-negative integer, got {horizon}")
+    task, traj = trajectory_codes(u)
+    t, big_t, r = u.steps, u.lengths, u.rewards
+    penalty = eta * u.invalid
+    y = gamma ** (big_t - 1 - t) * r - penalty
+    z = gamma ** (big_t - t) * r
+    ro = peer_readout(phi, task, traj, factorize(u.observations), np.stack([y, z], axis=1),
+                      kernel_scale=kernel_scale, kernel=kernel, exclude_self=exclude_self)  # fmt: skip
+    sup = ro.supported
+    c_hist = np.where(sup, y - ro.values[:, 0], 0.0)
+    # Future credit: V at both endpoints; the terminal endpoint is R_i.
+    value = np.where(sup, ro.values[:, 1], np.nan)
+    t_plus = np.minimum(t + int(horizon), big_t)
+    v_plus = np.where(t_plus == big_t, r, np.nan)
+    span = int(big_t.max(initial=0)) + 1
+    keys = traj * span + t  # one per unique row
+    by_key = np.argsort(keys)
+    want = traj * span + t_plus
+    pos = by_key[np.clip(np.searchsorted(keys[by_key], want), 0, len(keys) - 1)]
+    found = (t_plus < big_t) & (keys[pos] == want)
+    v_plus = np.where(found, value[pos], v_plus)
+    dv = v_plus - value
+    eligible = np.isfinite(dv)
+    c_fut = _grouped_z(np.where(eligible, dv, 0.0), task, eligible, np.ones(len(u)))
+    c_hist, c_fut = history_weight * c_hist, future_weight * c_fut
+    # Final per-task transformation over the restored supported rows (duplicates counted).
+    if final_standardize:
+        a_hist, a_fut = _shared_scale(c_hist, c_fut, task, sup, counts)
+    else:
+        a_hist, a_fut = c_hist, c_fut
+    episode = _grouped_z(r - penalty, task, np.ones(len(u), bool), counts)
+    adv = a_hist + a_fut + episode_weight * episode
+    return ContextualCredit(
+        advantage=adv[inverse],
+        historical=a_hist[inverse],
+        future=a_fut[inverse],
+        supported=sup[inverse],
+        fallback=ro.fallback[inverse],
+        episode=episode[inverse],
+    )
+
+
+def _constant(values: np.ndarray, groups: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per group: are ``values`` over the ``mask`` rows all equal (True for empty groups)?"""
+    n_groups = int(groups.max(initial=-1)) + 1
+    lo = np.full(n_groups, np.inf)
+    hi = np.full(n_groups, -np.inf)
+    np.minimum.at(lo, groups[mask], values[mask])
+    np.maximum.at(hi, groups[mask], values[mask])
+    return ~(hi > lo)
+
+
+def _shared_scale(
+    c_hist: np.ndarray, c_fut: np.ndarray, task: np.ndarray, sup: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 11: ``A^d = (C^d - mean^d) / (s(C^H + C^F) + 1e-6)`` per task over supported rows x counts."""
+    n_tasks = int(task.max(initial=-1)) + 1
+    c = np.where(sup, counts, 0).astype(np.float64)
+    cnt = np.bincount(task, weights=c, minlength=n_tasks)
+    mu_h = np.bincount(task, weights=c * c_hist, minlength=n_tasks) / np.maximum(cnt, 1.0)
+    mu_f = np.bincount(task, weights=c * c_fut, minlength=n_tasks) / np.maximum(cnt, 1.0)
+    total = c_hist + c_fut
+    ss = np.bincount(task, weights=c * (total - (mu_h + mu_f)[task]) ** 2, minlength=n_tasks)
+    sigma = np.sqrt(ss / np.maximum(cnt - 1.0, 1.0)) + STD_EPS
+    ok = sup & (cnt[task] >= 2) & ~(_constant(c_hist, task, sup) & _constant(c_fut, task, sup))[task]
+    a_hist = np.where(ok, (c_hist - mu_h[task]) / sigma[task], 0.0)
+    a_fut = np.where(ok, (c_fut - mu_f[task]) / sigma[task], 0.0)
+    return a_hist, a_fut
+
+
+# ----------------------------------------------------------------- registered estimator
+
+
+@register_estimator("ccpo", loss_agg_mode="token-mean")
+def ccpo(
+    groups: Sequence[Group],
+    *,
+    hidden: np.ndarray | None = None,
+    gamma: float = 0.95,
+    horizon: int = 2,
+    kernel_scale: float = 0.15,
+    eta: float = 0.1,
+    final_standardize: bool = True,
+    episode_weight: float = 0.0,
+    kernel: str = "exp",
+    summary_weight: float = 1.0,
+    exclude_self: bool = True,
+    history_weight: float = 1.0,
+    future_weight: float = 1.0,
+    observation: str = "prompt",
+) -> TokenAdvantages:
+    """CCPO: contextual step credit from observation-matched peers, on every response token of the step.
+
+    ``hidden`` [N, D]: frozen-model final-layer states of the last prompt token,
+    one row per turn in the order of :func:`step_batch_from_groups` (computed by
+    the trainer; credit never runs a model). ``observation`` picks the matching
+    key (see :func:`~horizonrl.credit.ccpo_features.prompt_observations`); the
+    other parameters are those of :func:`contextual_credit`.
+    """
+    if hidden is None:
+        raise ValueError("the ccpo estimator needs hidden=[N, D] frozen-model states, one row per turn")
+    steps = step_batch_from_groups(groups, observation=observation)
+    out = contextual_credit(
+        steps,
+        hidden,
+        gamma=gamma,
+        horizon=horizon,
+        kernel_scale=kernel_scale,
+        eta=eta,
+        final_standardize=final_standardize,
+        episode_weight=episode_weight,
+        kernel=kernel,
+        summary_weight=summary_weight,
+        exclude_self=exclude_self,
+        history_weight=history_weight,
+        future_weight=future_weight,
+    )
+    return broadcast_steps(groups, out.advantage)

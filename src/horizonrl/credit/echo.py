@@ -1,0 +1,265 @@
+"""ECHO: provenance-guided (traceable) credit assignment (spec/echo.md "Credit"; paper §4.3, Eq. 13-15).
+
+For each generated token ``q`` of rollout ``n`` the ECHO agent records (paper §4.3, Algorithm 1):
+
+- ``g_q``: the token is in the final segment (the context after the last reconstruction);
+- ``d_q``: source turn of an ``action`` token (-1: none);
+- ``f_q``: source turn of a ``finding`` token (the ``<sum_last_turn>`` record; -1: none);
+- ``b_q``: the token belongs to a memory-selection span.
+
+With ``I_src`` the source turns rendered into the final reconstructed context (model-selected
+turns after repair *and* the latest ``K`` turns kept automatically), the credit mask (Eq. 13) is::
+
+    mu_q = 1[g_q = 1  or  d_q in I_src  or  f_q in I_src  or  b_q = 1]
+
+and the token credit (Eq. 14) is ``A~_q = max(A, 0) * mu_q`` with ``A`` the GRPO advantage of the
+rollout over its group's *valid* rollouts. A rollout that never reconstructed (one segment) is a
+single final segment, so every generated token is credited.
+
+Where the data lives in a :class:`~horizonrl.trajectory.Rollout` (the contract with the ECHO agent):
+
+- ``action`` / ``finding`` / ``selection`` :class:`~horizonrl.trajectory.Span` s on each turn, with
+  ``source_turn`` = the agent's memory index ``i`` of record ``e_i`` (rollout-global numbering, the
+  same numbers as the selected set). Per Algorithm 1 line 20 the whole non-finding part of a tool-use
+  message is its ``action`` span; unlabelled tokens are credited only in the final segment.
+- Every token of a segment of kind ``"selection"`` counts as a selection token (``b = 1``), as if it
+  carried a ``selection`` span (Algorithm 1 line 28 tags the whole selection message).
+- ``I_src`` is read from the **last segment's** ``info["selected"]`` (the repaired index set the agent
+  used to build that segment's context), united with ``info["kept_latest"]`` when the agent records
+  the automatically kept turns separately. When the last segment has no ``"selected"`` key,
+  ``rollout.env["echo"]["selected"]`` (and ``["kept_latest"]``) is used instead. A multi-segment
+  rollout with neither raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from horizonrl.credit.group import group_advantage
+from horizonrl.credit.registry import register_estimator
+from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+
+SIGN_RULES = ("positive", "signed")
+#: ``Rollout.termination`` values that make a rollout invalid for ECHO's group baseline.
+ECHO_INVALID_TERMINATIONS = ("overlong", "error")
+
+
+def provenance_mask(
+    final: ArrayLike,
+    action_turn: ArrayLike,
+    finding_turn: ArrayLike,
+    selection: ArrayLike,
+    selected: Iterable[int],
+) -> np.ndarray:
+    """ECHO's token credit mask ``mu`` (paper Eq. 13), one bool per generated token::
+
+        mu_q = final_q or action_turn_q in I_src or finding_turn_q in I_src or selection_q
+
+    ``final``/``selection``: per-token booleans (``g``, ``b``); ``action_turn``/``finding_turn``:
+    per-token source-turn ids (``d``, ``f``), ``-1`` (any negative) for none; ``selected``: the set
+    ``I_src`` of source turns in the final context. Negative ids in ``selected`` never match.
+    """
+    g = np.asarray(final, dtype=bool)
+    d = np.asarray(action_turn, dtype=np.int64)
+    f = np.asarray(finding_turn, dtype=np.int64)
+    b = np.asarray(selection, dtype=bool)
+    shapes = {x.shape for x in (g, d, f, b)}
+    if len(shapes) != 1 or g.ndim != 1:
+        raise ValueError(
+            f"provenance arrays must be 1-D of one length, got shapes {[x.shape for x in (g, d, f, b)]}"
+        )
+    src = np.fromiter((int(i) for i in selected if int(i) >= 0), dtype=np.int64)
+    return g | b | ((d >= 0) & np.isin(d, src)) | ((f >= 0) & np.isin(f, src))
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Per-token provenance of one rollout, tokens in segment → turn → token order.
+
+    ``lengths[s][t]`` is the number of generated tokens of turn ``t`` of segment ``s``;
+    ``reconstructed`` is ``len(segments) > 1``.
+    """
+
+    final: np.ndarray
+    action_turn: np.ndarray
+    finding_turn: np.ndarray
+    selection: np.ndarray
+    selected: frozenset[int]
+    lengths: tuple[tuple[int, ...], ...]
+    reconstructed: bool
+
+    def mask(self, *, dense: bool = False) -> np.ndarray:
+        """Flat credit mask (Eq. 13); all True when ``dense`` or the rollout never reconstructed."""
+        if dense or not self.reconstructed:
+            return np.ones(self.final.shape, dtype=bool)
+        return provenance_mask(self.final, self.action_turn, self.finding_turn, self.selection, self.selected)
+
+
+def _read_selected(info: dict, where: str) -> frozenset[int] | None:
+    if info.get("selected") is None:
+        return None
+    out: set[int] = set()
+    for key in ("selected", "kept_latest"):
+        for i in info.get(key) or ():
+            if isinstance(i, bool) or int(i) != i:
+                raise ValueError(f"{where}[{key!r}] must hold integer source-turn ids, got {i!r}")
+            out.add(int(i))
+    return frozenset(out)
+
+
+def selected_source_turns(rollout: Rollout) -> frozenset[int]:
+    """``I_src``: source turns in the final reconstructed context (see the module docstring).
+
+    Last segment's ``info["selected"] ∪ info["kept_latest"]``, else ``rollout.env["echo"]``'s;
+    empty for a rollout with at most one segment; ``ValueError`` for a reconstructed rollout that
+    recorded neither.
+    """
+    if len(rollout.segments) <= 1:
+        return frozenset()
+    found = _read_selected(rollout.segments[-1].info, "segments[-1].info")
+    if found is None:
+        echo_env = rollout.env.get("echo")
+        found = _read_selected(echo_env, 'env["echo"]') if isinstance(echo_env, dict) else None
+    if found is None:
+        raise ValueError(
+            f"rollout {rollout.uid!r} has {len(rollout.segments)} segments but no selected source turns: "
+            'record them in segments[-1].info["selected"] or rollout.env["echo"]["selected"]'
+        )
+    return found
+
+
+def _fill(arr: np.ndarray, start: int, end: int, value: int, what: str) -> None:
+    part = arr[start:end]
+    if np.any((part >= 0) & (part != value)):
+        raise ValueError(f"overlapping {what} spans with different source turns at [{start}, {end})")
+    part[:] = value
+
+
+def rollout_provenance(rollout: Rollout) -> Provenance:
+    """Derive ``g, d, f, b`` and ``I_src`` from a rollout's spans and segments (paper §4.3).
+
+    ``g``: tokens of the last segment. ``d``/``f``: ``source_turn`` of ``action``/``finding`` spans
+    (``-1`` outside them or when ``source_turn`` is None; overlapping spans of one label must agree).
+    ``b``: tokens of ``selection`` spans or of segments of kind ``"selection"``.
+    """
+    n_seg = len(rollout.segments)
+    g, d, f, b, lengths = [], [], [], [], []
+    for s, seg in enumerate(rollout.segments):
+        seg_lengths = []
+        for turn in seg.turns:
+            n = turn.num_response_tokens
+            seg_lengths.append(n)
+            act = np.full(n, -1, dtype=np.int64)
+            fnd = np.full(n, -1, dtype=np.int64)
+            sel = np.full(n, seg.kind == "selection", dtype=bool)
+            for sp in turn.spans:
+                if sp.label == "selection":
+                    sel[sp.start : sp.end] = True
+                elif sp.label in ("action", "finding") and sp.source_turn is not None and sp.source_turn >= 0:
+                    _fill(
+                        act if sp.label == "action" else fnd, sp.start, sp.end, int(sp.source_turn), sp.label
+                    )
+            g.append(np.full(n, s == n_seg - 1, dtype=bool))
+            d.append(act)
+            f.append(fnd)
+            b.append(sel)
+        lengths.append(tuple(seg_lengths))
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+    return Provenance(
+        final=cat(g, bool),
+        action_turn=cat(d, np.int64),
+        finding_turn=cat(f, np.int64),
+        selection=cat(b, bool),
+        selected=selected_source_turns(rollout),
+        lengths=tuple(lengths),
+        reconstructed=n_seg > 1,
+    )
+
+
+def _unflatten(flat: np.ndarray, lengths: tuple[tuple[int, ...], ...]) -> list[list[np.ndarray]]:
+    out, pos = [], 0
+    for seg_lengths in lengths:
+        row = []
+        for n in seg_lengths:
+            row.append(flat[pos : pos + n])
+            pos += n
+        out.append(row)
+    return out
+
+
+def echo_token_mask(rollout: Rollout, *, dense: bool = False) -> list[list[np.ndarray]]:
+    """The credit mask ``mu`` of one rollout as ``[segment][turn] -> bool array`` (Eq. 13).
+
+    ``dense=True`` (all True) does not read the provenance at all.
+    """
+    if dense:
+        return [[np.ones(t.num_response_tokens, dtype=bool) for t in seg.turns] for seg in rollout.segments]
+    prov = rollout_provenance(rollout)
+    return _unflatten(prov.mask(dense=dense), prov.lengths)
+
+
+def valid_group_advantage(
+    rewards: Sequence[float], valid: Sequence[bool], *, normalize_std: bool = True, eps: float = 1e-6
+) -> np.ndarray:
+    """GRPO over the valid rollouts of one group; invalid rollouts get 0 (paper §4.3, after Eq. 14).
+
+    ``A_i = (R_i - mean_V R) / (std_V R + eps)`` for ``i in V`` (sample std over the valid set
+    ``V``; fewer than two valid rollouts, or equal valid rewards, give 0), ``A_i = 0`` otherwise.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    v = np.asarray(valid, dtype=bool)
+    if r.shape != v.shape:
+        raise ValueError(f"got {r.size} rewards and {v.size} validity flags")
+    out = np.zeros_like(r)
+    if v.any():
+        out[v] = group_advantage(r[v], normalize_std=normalize_std, eps=eps)
+    return out
+
+
+@register_estimator("echo", loss_agg_mode="token-mean")
+def echo(
+    groups: Sequence[Group],
+    *,
+    sign_rule: str = "positive",
+    dense: bool = False,
+    invalid_terminations: Sequence[str] = ECHO_INVALID_TERMINATIONS,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> TokenAdvantages:
+    """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
+
+    - ``A``: :func:`valid_group_advantage`; a rollout is *valid* unless its ``termination`` is in
+      ``invalid_terminations`` (default ``("overlong", "error")``: the rebuilt prompt still over budget,
+      or a failed rollout). Invalid rollouts are left out of the mean/std and get 0 on every token.
+    - ``sign_rule="positive"`` (the paper, Eq. 14): ``max(A, 0)``, so tied, below-baseline and
+      all-correct / all-wrong groups give zero update. ``"signed"``: ``A`` itself (the paper's
+      released code).
+    - ``mu``: :func:`echo_token_mask`; ``dense=True`` credits every generated token (the paper's
+      "w/o Traceable CA" ablation is ``dense=True, sign_rule="signed"``: plain GRPO over ECHO rollouts).
+
+    Trainer defaults for ECHO (spec/echo.md "Loss", spec/baselines.md): ``token-mean`` aggregation,
+    PPO clip ``e_lo = 0.2, e_hi = 0.28`` (dual clip ``c = 3``), no KL penalty.
+    """
+    if sign_rule not in SIGN_RULES:
+        raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {sign_rule!r}")
+    bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
+    out: TokenAdvantages = []
+    for group in groups:
+        valid = [r.termination not in bad for r in group.rollouts]
+        adv = valid_group_advantage(group.rewards, valid, normalize_std=normalize_std, eps=eps)
+        if sign_rule == "positive":
+            adv = np.maximum(adv, 0.0)
+        for rollout, a, ok in zip(group.rollouts, adv, valid, strict=True):
+            if not ok:  # may have stopped mid-selection with no final context: no mask needed
+                out.append([[np.zeros(t.num_response_tokens) for t in seg.turns] for seg in rollout.segments])
+                continue
+            mask = echo_token_mask(rollout, dense=dense)
+            out.append([[np.where(m, float(a), 0.0) for m in seg] for seg in mask])
+    return out

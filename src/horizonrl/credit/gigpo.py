@@ -1,0 +1,260 @@
+"""Step-level group baselines: GiGPO and HGPO (spec/baselines.md "GiGPO"; ccpo paper Sec. 2, 4.1).
+
+**GiGPO** (Feng et al. 2025, verl-agent)::
+
+    A_{i,t} = A^E_i + omega * A^S_{i,t}
+    A^E_i   = (R_i - mean_group R) / F                   episode term over the task group's rollouts
+    A^S_{i,t} = (R_{i,t} - mean_anchor R_{.,.}) / F        anchor group: same task, identical observation
+    R_{i,t} = sum_{u >= t} gamma^(u-t) r_{i,u}           (terminal reward only: gamma^(T_i-1-t) R_i)
+
+``F = 1`` (``mode="mean_norm"``, the published default) or ``F = std + eps``
+(``mode="mean_std_norm"``, sample std). A group of one member (or all-equal
+values) gives 0. Defaults ``omega = 1``, ``gamma = 0.95``.
+
+**HGPO** (He et al. 2026, "Hierarchy-of-Groups Policy Optimization"). The ccpo
+paper only describes it as aggregating advantages from hierarchical groups
+matched at different history lengths; this is a documented *reconstruction*
+following the HGPO paper's description and the released verl-agent recipe:
+
+- level ``k = 0..history``: the group of step ``(i, t)`` holds the same-task steps
+  whose last ``k + 1`` observations ``o_{t-k..t}`` equal those of ``(i, t)``
+  (level 0 is GiGPO's anchor group; a step with ``t < k`` has no level-``k``
+  group), so ``G_0 >= G_1 >= ... >= G_K``;
+- in each level group of at least 2 steps, ``a_k = (R_{i,t} - mean) / F`` as above;
+- ``A_{i,t} = sum_k w_k a_k / sum_k w_k`` over the levels with such a group,
+  ``w_k = L_k^alpha``, ``L_k = k + 2`` (the matched window plus one, the recipe's
+  convention), ``alpha = 1``: more consistent contexts weigh more. With
+  ``base_group=True`` the episode advantage ``A^E_i`` joins as an item with
+  ``L = 1``. No group of 2 or more at any level => 0. (The recipe drops items
+  whose advantage is exactly 0; we keep them: an all-equal consistent group is
+  evidence of a zero advantage.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from horizonrl.credit.ccpo_features import broadcast_steps, factorize, step_batch_from_groups
+from horizonrl.credit.group import group_advantage
+from horizonrl.credit.registry import register_estimator
+from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+
+MODES = ("mean_norm", "mean_std_norm")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def group_relative(
+    values: np.ndarray, codes: np.ndarray, *, mode: str = "mean_norm", eps: float = 1e-6
+) -> np.ndarray:
+    """``(v - mean_g) / F`` within the groups ``codes``; groups of one or of equal values give 0."""
+    _check_mode(mode)
+    v = np.asarray(values, dtype=np.float64)
+    codes = np.asarray(codes, dtype=np.int64)
+    if v.size == 0:
+        return v.copy()
+    n_groups = int(codes.max()) + 1
+    cnt = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    mean = np.bincount(codes, weights=v, minlength=n_groups) / np.maximum(cnt, 1.0)
+    lo = np.full(n_groups, np.inf)
+    hi = np.full(n_groups, -np.inf)
+    np.minimum.at(lo, codes, v)
+    np.maximum.at(hi, codes, v)
+    ok = (cnt >= 2) & (hi > lo)
+    dev = v - mean[codes]
+    if mode == "mean_std_norm":
+        ss = np.bincount(codes, weights=dev**2, minlength=n_groups)
+        dev = dev / (np.sqrt(ss / np.maximum(cnt - 1.0, 1.0)) + eps)[codes]
+    return np.where(ok[codes], dev, 0.0)
+
+
+def episode_advantage(
+    task_ids: Sequence,
+    trajectory_ids: Sequence,
+    outcomes: np.ndarray,
+    *,
+    mode: str = "mean_norm",
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """GiGPO's episode term per row: GRPO (``mean_std_norm``) or Dr.GRPO (``mean_norm``) per task."""
+    _check_mode(mode)
+    task = factorize(task_ids)
+    traj = factorize(list(zip(task.tolist(), list(trajectory_ids), strict=True)))
+    outcomes = np.asarray(outcomes, dtype=np.float64)
+    _, first = np.unique(traj, return_index=True)
+    per_traj = np.zeros(len(first))
+    for x in np.unique(task[first]):
+        members = first[task[first] == x]  # one row per trajectory of task x
+        per_traj[traj[members]] = group_advantage(
+            outcomes[members], normalize_std=mode == "mean_std_norm", eps=eps
+        )
+    return per_traj[traj]
+
+
+def gigpo_advantage(
+    task_ids: Sequence,
+    trajectory_ids: Sequence,
+    observations: Sequence[str],
+    returns: np.ndarray,
+    outcomes: np.ndarray,
+    *,
+    mode: str = "mean_norm",
+    omega: float = 1.0,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """GiGPO per step row: ``A^E_i + omega * A^S_{i,t}`` (see module docstring).
+
+    ``returns``: the discounted step returns ``R_{i,t}`` (:func:`discounted_returns`);
+    ``outcomes``: each row's trajectory outcome ``R_i``.
+    """
+    task = factorize(task_ids)
+    anchor = factorize(list(zip(task.tolist(), list(observations), strict=True)))
+    step = group_relative(returns, anchor, mode=mode, eps=eps)
+    return episode_advantage(task_ids, trajectory_ids, outcomes, mode=mode, eps=eps) + omega * step
+
+
+def discounted_returns(
+    trajectory_ids: Sequence, steps: np.ndarray, step_rewards: np.ndarray, gamma: float = 0.95
+) -> np.ndarray:
+    """``R_{i,t} = sum_{u >= t} gamma^(u-t) r_{i,u}`` within each trajectory (ids globally unique)."""
+    traj = factorize(list(trajectory_ids))
+    steps = np.asarray(steps, dtype=np.int64)
+    r = np.asarray(step_rewards, dtype=np.float64)
+    out = np.zeros(len(r))
+    order = np.lexsort((-steps, traj))  # by trajectory, latest step first
+    running, prev_traj, prev_step = 0.0, -1, 0
+    for k in order:
+        if traj[k] != prev_traj:
+            running = 0.0
+        else:
+            running *= gamma ** (prev_step - steps[k])
+        running += r[k]
+        out[k], prev_traj, prev_step = running, traj[k], steps[k]
+    return out
+
+
+def hgpo_advantage(
+    task_ids: Sequence,
+    trajectory_ids: Sequence,
+    steps: np.ndarray,
+    observations: Sequence[str],
+    returns: np.ndarray,
+    *,
+    history: int = 2,
+    mode: str = "mean_std_norm",
+    alpha: float = 1.0,
+    eps: float = 1e-6,
+    outcomes: np.ndarray | None = None,
+    base_group: bool = False,
+) -> np.ndarray:
+    """HGPO per step row (reconstruction; see module docstring). ``base_group`` needs ``outcomes``."""
+    _check_mode(mode)
+    if int(history) != history or history < 0:
+        raise ValueError(f"history must be a non-negative integer, got {history}")
+    n = len(steps)
+    task = factorize(task_ids)
+    traj = factorize(list(zip(task.tolist(), list(trajectory_ids), strict=True)))
+    steps = np.asarray(steps, dtype=np.int64)
+    obs = factorize(list(observations))
+    span = int(steps.max(initial=0)) + 1
+    keys = traj * span + steps
+    by_key = np.argsort(keys)
+    num = np.zeros(n)
+    den = np.zeros(n)
+    if base_group:
+        if outcomes is None:
+            raise ValueError("base_group=True needs outcomes")
+        num += episode_advantage(task_ids, trajectory_ids, outcomes, mode=mode, eps=eps)
+        den += 1.0
+    window = [obs]  # window[k] = o_{t-k} per row, -1 where that step is absent
+    for k in range(int(history) + 1):
+        if k > 0:
+            want = keys - k
+            pos = by_key[np.clip(np.searchsorted(keys[by_key], want), 0, max(n - 1, 0))]
+            hit = (steps >= k) & (keys[pos] == want) if n else np.zeros(0, bool)
+            window.append(np.where(hit, obs[pos], -1))
+        defined = np.all(np.stack(window, axis=1) >= 0, axis=1)
+        if not np.any(defined):
+            break
+        rows = np.stack([task, *window], axis=1)[defined]
+        codes = np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1)
+        size = np.bincount(codes)[codes]
+        a = group_relative(np.asarray(returns, dtype=np.float64)[defined], codes, mode=mode, eps=eps)
+        w = float(k + 2) ** alpha
+        idx = np.flatnonzero(defined)[size >= 2]
+        num[idx] += w * a[size >= 2]
+        den[idx] += w
+    return np.where(den > 0, num / np.maximum(den, 1e-300), 0.0)
+
+
+# ----------------------------------------------------------------- estimators
+
+
+def _step_rewards(rollout: Rollout, eta: float) -> list[float]:
+    """Per-turn rewards ``r_{i,u}``: ``turn.reward - eta * invalid``; any part of ``rollout.reward`` not
+    carried by the turns is added to the last turn (so terminal-only rollouts get ``gamma^(T-1-t) R``)."""
+    turns = rollout.turns
+    rewards = [float(t.reward) - eta * bool(t.invalid) for t in turns]
+    if turns:
+        rewards[-1] += float(rollout.reward) - sum(float(t.reward) for t in turns)
+    return rewards
+
+
+def _step_arrays(groups: Sequence[Group], gamma: float, eta: float, observation: str):
+    steps = step_batch_from_groups(groups, observation=observation)
+    rollouts = [r for g in groups for r in g.rollouts]
+    rewards = np.array([x for r in rollouts for x in _step_rewards(r, eta)], dtype=np.float64)
+    returns = discounted_returns(steps.trajectory_ids, steps.steps, rewards, gamma)
+    return steps, returns
+
+
+@register_estimator("gigpo", loss_agg_mode="token-mean")
+def gigpo(
+    groups: Sequence[Group],
+    *,
+    mode: str = "mean_norm",
+    omega: float = 1.0,
+    gamma: float = 0.95,
+    eps: float = 1e-6,
+    eta: float = 0.0,
+    observation: str = "prompt",
+) -> TokenAdvantages:
+    """GiGPO: episode advantage + omega x anchor-state step advantage on each step's tokens (baselines.md).
+
+    Anchor states are the observations each turn was decided on
+    (:func:`~horizonrl.credit.ccpo_features.prompt_observations`, ``observation``
+    mode); ``eta`` subtracts an invalid-action penalty from that step's reward.
+    """
+    steps, returns = _step_arrays(groups, gamma, eta, observation)
+    adv = gigpo_advantage(
+        steps.task_ids, steps.trajectory_ids, steps.observations, returns, steps.rewards,
+        mode=mode, omega=omega, eps=eps,
+    )  # fmt: skip
+    return broadcast_steps(groups, adv)
+
+
+@register_estimator("hgpo", loss_agg_mode="token-mean")
+def hgpo(
+    groups: Sequence[Group],
+    *,
+    history: int = 2,
+    mode: str = "mean_std_norm",
+    alpha: float = 1.0,
+    gamma: float = 0.95,
+    eps: float = 1e-6,
+    eta: float = 0.0,
+    base_group: bool = False,
+    observation: str = "prompt",
+) -> TokenAdvantages:
+    """HGPO: step advantages from history-matched hierarchical groups, adaptively weighted (reconstructed)."""
+    steps, returns = _step_arrays(groups, gamma, eta, observation)
+    adv = hgpo_advantage(
+        steps.task_ids, steps.trajectory_ids, steps.steps, steps.observations, returns,
+        history=history, mode=mode, alpha=alpha, eps=eps, outcomes=steps.rewards, base_group=base_group,
+    )  # fmt: skip
+    return broadcast_steps(groups, adv)
