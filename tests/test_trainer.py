@@ -117,3 +117,14 @@ def test_tensorboard_logging(tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tmp_path / "tb", "train.steps=1", "train.tensorboard=true")
     GroupTrainer(cfg).fit()
     assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "drgrpo", "rloo", "broadcast", "gigpo", "hgpo", "echo", "supo"]
+)
+def test_rollout_only_estimators_train_in_the_group_trainer(tiny_model_dir, tmp_path, estimator):
+    cfg = _cfg(tiny_model_dir, tmp_path / estimator, "train.steps=1", f"algo.estimator={estimator}")
+    trainer = GroupTrainer(cfg)
+    m = trainer.train_step()
+    assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3
+    assert trainer.loss_agg_mode == trainer.estimator.loss_agg_mode

@@ -48,7 +48,11 @@ class Turn:
     ``prompt_ids`` is the full context the model conditioned on; ``response_ids``
     the sampled tokens and ``logprobs`` their log-probabilities under the rollout
     engine; ``observation`` the environment's reply text (None after the last
-    turn). The environment tokens between two turns of a segment are not stored:
+    turn); ``obs_key`` the environment's canonical key of the state *after* this
+    turn's action (``StepResult.obs_key``), so the state turn ``t`` was decided on
+    is turn ``t-1``'s key, or the task's initial prompt for the first turn
+    (``credit.ccpo_features.prompt_observations`` derives it). The environment
+    tokens between two turns of a segment are not stored:
     they are the difference of consecutive prompts (see :mod:`.rows`).
     ``truncated`` marks a generation cut by the token limit.
     """
