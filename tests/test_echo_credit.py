@@ -13,8 +13,8 @@ from horizonrl.credit.echo import (
     provenance_mask,
     rollout_provenance,
     selected_source_turns,
-    valid_group_advantage,
 )
+from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import get_estimator
 from horizonrl.trajectory import Group, Rollout, Segment, Span, Turn, rollout_from_dict, rollout_to_dict
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from horizonrl.credit.group import group_advantage
+from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
 
@@ -203,24 +203,6 @@ def echo_token_mask(rollout: Rollout, *, dense: bool = False) -> list[list[np.nd
         return [[np.ones(t.num_response_tokens, dtype=bool) for t in seg.turns] for seg in rollout.segments]
     prov = rollout_provenance(rollout)
     return _unflatten(prov.mask(dense=dense), prov.lengths)
-
-
-def valid_group_advantage(
-    rewards: Sequence[float], valid: Sequence[bool], *, normalize_std: bool = True, eps: float = 1e-6
-) -> np.ndarray:
-    """GRPO over the valid rollouts of one group; invalid rollouts get 0 (paper §4.3, after Eq. 14).
-
-    ``A_i = (R_i - mean_V R) / (std_V R + eps)`` for ``i in V`` (sample std over the valid set
-    ``V``; fewer than two valid rollouts, or equal valid rewards, give 0), ``A_i = 0`` otherwise.
-    """
-    r = np.asarray(rewards, dtype=np.float64)
-    v = np.asarray(valid, dtype=bool)
-    if r.shape != v.shape:
-        raise ValueError(f"got {r.size} rewards and {v.size} validity flags")
-    out = np.zeros_like(r)
-    if v.any():
-        out[v] = group_advantage(r[v], normalize_std=normalize_std, eps=eps)
-    return out
 
 
 @register_estimator("echo", loss_agg_mode="token-mean")

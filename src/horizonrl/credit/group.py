@@ -12,13 +12,18 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 
+def finite_vector(x: ArrayLike, name: str, *, per: str = "rollout") -> np.ndarray:
+    """``x`` as a 1-D float64 array of finite values (ValueError naming ``name`` otherwise)."""
+    v = np.asarray(x, dtype=np.float64)
+    if v.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one value per {per}), got shape {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{name} must be finite, got {v.tolist()}")
+    return v
+
+
 def _as_rewards(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.ndim != 1:
-        raise ValueError(f"rewards must be a 1-D sequence (one per rollout), got shape {r.shape}")
-    if not np.all(np.isfinite(r)):
-        raise ValueError(f"rewards must be finite, got {r.tolist()}")
-    return r
+    return finite_vector(rewards, "rewards")
 
 
 def _degenerate(r: np.ndarray) -> bool:
@@ -65,3 +70,24 @@ def rloo_advantage(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
         return np.zeros_like(r)
     g = r.size
     return g / (g - 1) * (r - r.mean())
+
+
+def valid_group_advantage(
+    rewards: Sequence[float], valid: Sequence[bool], *, normalize_std: bool = True, eps: float = 1e-6
+) -> np.ndarray:
+    """GRPO over the valid rollouts of one group; invalid rollouts get 0.
+
+    ECHO (paper §4.3, after Eq. 14) excludes overlong/error rollouts this way; SUPO its
+    overlong ones (spec/baselines.md).
+
+    ``A_i = (R_i - mean_V R) / (std_V R + eps)`` for ``i in V`` (sample std over the valid set
+    ``V``; fewer than two valid rollouts, or equal valid rewards, give 0), ``A_i = 0`` otherwise.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    v = np.asarray(valid, dtype=bool)
+    if r.shape != v.shape:
+        raise ValueError(f"got {r.size} rewards and {v.size} validity flags")
+    out = np.zeros_like(r)
+    if v.any():
+        out[v] = group_advantage(r[v], normalize_std=normalize_std, eps=eps)
+    return out

@@ -27,20 +27,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from horizonrl.credit.broadcast import broadcast_to_tokens, flatten_rollouts
-from horizonrl.credit.group import group_advantage
+from horizonrl.credit.group import finite_vector, group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
 
 Gains = Sequence[Sequence[float | None]]
-
-
-def _vector(x: ArrayLike, name: str) -> np.ndarray:
-    v = np.asarray(x, dtype=np.float64)
-    if v.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one value per rollout), got shape {v.shape}")
-    if not np.all(np.isfinite(v)):
-        raise ValueError(f"{name} must be finite, got {v.tolist()}")
-    return v
 
 
 def centered_rank(values: ArrayLike) -> np.ndarray:
@@ -84,8 +75,8 @@ def session_aware_advantage(
     ``0 <= rho < 1`` (so the factor in ``[1-rho, 1+rho]`` never flips a sign: C3)
     and ``beta0, beta1 >= 0`` (C1, C2). A group of one rollout gets 0.
     """
-    r = _vector(rewards, "rewards")
-    n = _vector(session_counts, "session_counts")
+    r = finite_vector(rewards, "rewards")
+    n = finite_vector(session_counts, "session_counts")
     if r.shape != n.shape:
         raise ValueError(f"got {r.size} rewards but {n.size} session counts")
     if not 0.0 <= rho < 1.0:
@@ -166,7 +157,7 @@ def shape_session_advantages(
     (``gate`` clips to 0 on the wrong side; ``Â^sat_i = 0`` leaves the sum free.)
     Returns one float64 array per rollout, one value per session.
     """
-    b = _vector(base, "base")
+    b = finite_vector(base, "base")
     if len(gains) != b.size:
         raise ValueError(f"got {b.size} base advantages but gains for {len(gains)} rollouts")
     normed = normalize_session_gains(gains, types, eps=eps)

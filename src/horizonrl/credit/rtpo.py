@@ -22,14 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-
-def _finite_vector(x: ArrayLike, name: str) -> np.ndarray:
-    v = np.asarray(x, dtype=np.float64)
-    if v.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one value per sibling), got shape {v.shape}")
-    if not np.all(np.isfinite(v)):
-        raise ValueError(f"{name} must be finite, got {v.tolist()}")
-    return v
+from horizonrl.credit.group import finite_vector
 
 
 def sibling_advantage(rewards: ArrayLike) -> np.ndarray:
@@ -42,7 +35,7 @@ def sibling_advantage(rewards: ArrayLike) -> np.ndarray:
     sibling) is degenerate and always gives 0, so ``G = 3`` is the minimum. An
     empty set returns an empty array.
     """
-    r = _finite_vector(rewards, "rewards")
+    r = finite_vector(rewards, "rewards", per="sibling")
     if r.size == 0 or np.all(r == r[0]):
         return np.zeros_like(r)
     return r - r.mean()
@@ -52,7 +45,7 @@ def zero_advantage_rate(sibling_sets: Sequence[ArrayLike]) -> float:
     """Share of sibling sets whose returns are all equal (spec/rtpo.md "Metrics"); 0.0 for no sets."""
     if not sibling_sets:
         return 0.0
-    flat = [_finite_vector(r, "rewards") for r in sibling_sets]
+    flat = [finite_vector(r, "rewards", per="sibling") for r in sibling_sets]
     return float(np.mean([r.size == 0 or bool(np.all(r == r[0])) for r in flat]))
 
 
@@ -122,9 +115,9 @@ def off_policy_q_values(
     :func:`clamped_trajectory_weight`, ``steps`` ``tau_j`` (default 1; irrelevant at
     the default ``gamma = 1``). Feed the result to :func:`sibling_advantage`.
     """
-    r = _finite_vector(step_rewards, "step_rewards")
-    f = _finite_vector(continuation_returns, "continuation_returns")
-    w = _finite_vector(weights, "weights")
+    r = finite_vector(step_rewards, "step_rewards", per="sibling")
+    f = finite_vector(continuation_returns, "continuation_returns", per="sibling")
+    w = finite_vector(weights, "weights", per="sibling")
     tau = np.broadcast_to(np.asarray(steps, dtype=np.float64), r.shape)
     if not (r.shape == f.shape == w.shape):
         raise ValueError(f"shapes differ: step_rewards {r.shape}, returns {f.shape}, weights {w.shape}")

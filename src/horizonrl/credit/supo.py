@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from horizonrl.credit.broadcast import broadcast_to_tokens
-from horizonrl.credit.group import group_advantage
+from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
 
@@ -37,15 +37,10 @@ def supo_advantage(
 
     ``normalize_std=False`` gives the Dr.GRPO form ``R_i - mean_V R`` (spec/baselines.md).
     """
-    r = np.asarray(rewards, dtype=np.float64)
     over = np.asarray(overlong, dtype=bool)
-    if r.shape != over.shape or r.ndim != 1:
-        raise ValueError(f"got {r.size} rewards and {over.size} overlong flags")
-    out = np.zeros_like(r)
-    keep = ~over
-    if keep.any():
-        out[keep] = group_advantage(r[keep], normalize_std=normalize_std, eps=eps)
-    return out
+    if over.ndim != 1:
+        raise ValueError(f"overlong flags must be one-dimensional, got shape {over.shape}")
+    return valid_group_advantage(rewards, ~over, normalize_std=normalize_std, eps=eps)
 
 
 @register_estimator("supo", loss_agg_mode="token-mean")
