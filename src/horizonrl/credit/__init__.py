@@ -11,7 +11,12 @@ its own module: ``mosaic`` and ``igpo`` (Mosaic paper), ``ccpo``, ``gigpo`` and
 
 from horizonrl.credit import ccpo, echo, gigpo, igpo, mosaic, supo  # noqa: F401  (registration)
 from horizonrl.credit.baselines import per_group  # importing registers the baselines
-from horizonrl.credit.broadcast import broadcast_to_tokens, check_token_advantages, flatten_rollouts
+from horizonrl.credit.broadcast import (
+    broadcast_to_tokens,
+    broadcast_turn_values,
+    check_token_advantages,
+    flatten_rollouts,
+)
 from horizonrl.credit.ccpo import ContextualCredit, contextual_credit
 from horizonrl.credit.ccpo_features import StepBatch, step_batch_from_groups
 from horizonrl.credit.echo import provenance_mask
@@ -34,6 +39,7 @@ __all__ = [
     "StepBatch",
     "UnknownEstimatorError",
     "broadcast_to_tokens",
+    "broadcast_turn_values",
     "check_token_advantages",
     "contextual_credit",
     "flatten_rollouts",

@@ -87,3 +87,30 @@ def check_token_advantages(
                         f"rollout {i} segment {s} turn {t}: advantages have shape {shape}, "
                         f"expected ({turn.num_response_tokens},)"
                     )
+
+
+def broadcast_turn_values(
+    groups_or_rollouts: Sequence[Group] | Sequence[Rollout], values: Sequence[float] | np.ndarray
+) -> TokenAdvantages:
+    """Every response token of a turn gets that turn's value.
+
+    ``values`` holds one value per turn, rollouts in flattened order and each
+    rollout's turns in ``rollout.turns`` order (segments, then turns).
+    """
+    rollouts = flatten_rollouts(groups_or_rollouts)
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    n = sum(r.num_turns for r in rollouts)
+    if flat.size != n:
+        raise ValueError(f"got {flat.size} turn values for {n} turns")
+    out: list[list[list[np.ndarray]]] = []
+    k = 0
+    for rollout in rollouts:
+        per_rollout = []
+        for seg in rollout.segments:
+            per_seg = []
+            for turn in seg.turns:
+                per_seg.append(np.full(turn.num_response_tokens, flat[k], dtype=np.float64))
+                k += 1
+            per_rollout.append(per_seg)
+        out.append(per_rollout)
+    return out

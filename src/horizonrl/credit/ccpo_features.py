@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.credit.broadcast import flatten_rollouts
+from horizonrl.credit.broadcast import broadcast_turn_values
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
 
 THERMOMETER_DIMS = 12
@@ -218,23 +218,7 @@ def step_batch_from_groups(groups: Sequence[Group], *, observation: str = "promp
 
 def broadcast_steps(groups: Sequence[Group] | Sequence[Rollout], values: np.ndarray) -> TokenAdvantages:
     """Every response token of turn ``k`` gets ``values[k]`` (rows of :func:`step_batch_from_groups`)."""
-    rollouts = flatten_rollouts(groups)
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    n = sum(r.num_turns for r in rollouts)
-    if len(values) != n:
-        raise ValueError(f"got {len(values)} step values for {n} turns")
-    out: list[list[list[np.ndarray]]] = []
-    k = 0
-    for rollout in rollouts:
-        per_rollout = []
-        for seg in rollout.segments:
-            per_seg = []
-            for turn in seg.turns:
-                per_seg.append(np.full(turn.num_response_tokens, values[k], dtype=np.float64))
-                k += 1
-            per_rollout.append(per_seg)
-        out.append(per_rollout)
-    return out
+    return broadcast_turn_values(groups, values)
 
 
 # ----------------------------------------------------------------- trajectory summary

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from horizonrl.credit.broadcast import flatten_rollouts
+from horizonrl.credit.broadcast import broadcast_turn_values, flatten_rollouts
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
 
@@ -146,15 +146,4 @@ def igpo(
             rewards.append(igpo_turn_rewards(before, after, rollouts[i].reward, mode=mode))
         per_turn.extend(igpo_advantages(rewards, gamma=gamma))
         start += len(g.rollouts)
-    out: list[list[list[np.ndarray]]] = []
-    for ro, adv in zip(rollouts, per_turn, strict=True):
-        t = 0
-        segs = []
-        for seg in ro.segments:
-            turns = []
-            for turn in seg.turns:
-                turns.append(np.full(turn.num_response_tokens, adv[t], dtype=np.float64))
-                t += 1
-            segs.append(turns)
-        out.append(segs)
-    return out
+    return broadcast_turn_values(rollouts, np.concatenate(per_turn) if per_turn else np.zeros(0))
