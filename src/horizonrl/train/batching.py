@@ -88,7 +88,9 @@ def token_logprobs(model: torch.nn.Module, batch: RowBatch, *, temperature: floa
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
-    lp = torch.gather(F.log_softmax(logits, dim=-1), -1, batch.targets[:, : T - 1].unsqueeze(-1)).squeeze(-1)
+    # gather - logsumexp: one [B, T, V] tensor (the logits) instead of two (logits + log-softmax).
+    picked = torch.gather(logits, -1, batch.targets[:, : T - 1].unsqueeze(-1)).squeeze(-1)
+    lp = picked - torch.logsumexp(logits, dim=-1)
     if lp.shape[1] < batch.targets.shape[1]:
         lp = F.pad(lp, (0, batch.targets.shape[1] - lp.shape[1]))
     return lp
