@@ -9,6 +9,7 @@ import numpy as np
 
 from horizonrl.agents import LoopLimits, run_episodes
 from horizonrl.agents.react import start_episode
+from horizonrl.credit import flatten_rollouts
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
 from horizonrl.trajectory import Group, Rollout
@@ -41,10 +42,6 @@ def collect_groups(
     for j, r in enumerate(rollouts):
         groups[j // group_size].rollouts.append(r)
     return groups
-
-
-def flatten(groups: Sequence[Group]) -> list[Rollout]:
-    return [r for g in groups for r in g.rollouts]
 
 
 def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
@@ -93,5 +90,5 @@ def evaluate(
         "eval/pass@1": float(np.mean([pass_at_k(samples, c, 1) for c in correct])),
         f"eval/pass@{samples}": float(np.mean([pass_at_k(samples, c, samples) for c in correct])),
     }
-    out.update(rollout_metrics(flatten(groups), prefix="eval/"))
+    out.update(rollout_metrics(flatten_rollouts(groups), prefix="eval/"))
     return out

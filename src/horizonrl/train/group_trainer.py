@@ -25,7 +25,7 @@ from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.bootstrap import load_policy, resolve_device
-from horizonrl.train.collect import collect_groups, evaluate, flatten, rollout_metrics
+from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.update import UpdateSettings, ppo_update
 from horizonrl.trajectory import build_rows, write_jsonl
@@ -199,7 +199,7 @@ class GroupTrainer:
             tag=f"s{self.step}-",
         )
         t1 = time.perf_counter()
-        rollouts = flatten(groups)
+        rollouts = credit.flatten_rollouts(groups)
         advantages = self.estimator(groups, **cfg.algo.estimator_params)
         rows = build_rows(rollouts, advantages)
         t2 = time.perf_counter()
