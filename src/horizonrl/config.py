@@ -114,6 +114,18 @@ class RolloutConfig(_Section):
         choices=("truncate", "fail"),
     )
     max_batch_size: int = opt(128, "engine batch size for generation", ge=1)
+    agent: str = opt(
+        "react",
+        "agent kind: 'react' (tool loop), 'fork' (Mosaic subagent forking), 'stepwise' (one rebuilt "
+        "prompt per step, CCPO/verl-agent style); see `horizonrl agents`",
+    )
+    agent_params: dict = opt({}, "keyword parameters of the agent kind (e.g. fork limits, history length)")
+    context: str = opt(
+        "append",
+        "context manager: 'append', 'compaction' (Mosaic), 'summary' (SUPO rolling summary), 'memory' "
+        "(ECHO turn memory), 'window' / 'strip_think' / 'turn_summary' (RTPO conditioning maps)",
+    )
+    context_params: dict = opt({}, "keyword parameters of the context manager")
 
 
 @dataclass(frozen=True)

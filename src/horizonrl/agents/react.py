@@ -1,23 +1,34 @@
-"""The append-only ReAct loop, batched across episodes.
+"""The ReAct agent loop as a program, batched across episodes by the driver.
 
-Each episode keeps one growing token context: the rendered system + user
-messages, then for every turn the sampled response, the end-of-turn token if
-generation was cut, and the rendered environment reply that opens the next
-assistant turn. Consecutive turns therefore extend each other token-for-token
-and merge into one training row (``horizonrl.trajectory.rows``).
+One episode alternates policy generations and environment steps. How the
+working context is kept and rebuilt is the job of a context manager
+(:mod:`horizonrl.agents.context`): the default ``append`` manager keeps one
+growing token context (the rendered system + user messages, then for every turn
+the sampled response, the end-of-turn token if generation was cut, and the
+rendered environment reply that opens the next assistant turn), so consecutive
+turns extend each other token-for-token and merge into one training row
+(:mod:`horizonrl.trajectory.rows`).
 
-All active episodes generate together in one engine call per turn, so a batch
-of ``tasks x G`` rollouts costs ``max_turns`` batched generations.
+A turn's text is handled by, in order: an optional *tool handler* (subagent
+forking intercepts ``fork`` calls, :mod:`horizonrl.agents.fork`); for a child
+(subagent) episode, a non-empty ``<answer>`` ends it with that result; otherwise
+the environment's ``step``. All active episodes generate together, one engine
+call per turn (:func:`horizonrl.agents.driver.drive`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from horizonrl.envs.base import Env, Task
-from horizonrl.inference.base import Engine, SamplingParams
+from horizonrl.agents.context import ContextManager, Episode, SubProgram, finish, make_context
+from horizonrl.agents.driver import Generate, Program, drive
+from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.tools import parse_answer
+from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
+
+ToolHandler = Callable[[Episode, Generation], SubProgram]
 
 
 @dataclass(frozen=True)
@@ -31,41 +42,117 @@ class LoopLimits:
     def __post_init__(self) -> None:
         if self.overflow not in ("truncate", "fail"):
             raise ValueError(f"LoopLimits.overflow={self.overflow!r}: must be 'truncate' or 'fail'")
-
-
-@dataclass
-class Episode:
-    """One rollout in progress: its environment, context and recorded turns."""
-
-    env: Env
-    task: Task
-    rollout: Rollout
-    context: list[int] = field(default_factory=list)
-    done: bool = False
-
-    @property
-    def segment(self) -> Segment:
-        return self.rollout.segments[-1]
+        if self.max_turns < 1:
+            raise ValueError(f"LoopLimits.max_turns={self.max_turns!r}: must be >= 1")
 
 
 def system_message(env: Env) -> dict[str, str]:
     return {"role": "system", "content": env.system_prompt}
 
 
-def start_episode(env: Env, task: Task, renderer, *, uid: str, group_id: str) -> Episode:
+def start_episode(
+    env: Env,
+    task: Task,
+    renderer,
+    *,
+    uid: str,
+    group_id: str,
+    system_prompt: str | None = None,
+    extra_tools: Sequence[dict] = (),
+) -> Episode:
+    """Reset ``env`` on ``task``; the episode's context starts as the rendered system + user messages."""
     first = env.reset(task)
-    messages = [system_message(env), {"role": "user", "content": first}]
-    tools = [t.to_schema() for t in env.tools] or None
-    context = list(renderer.initial_ids(messages, tools=tools))
+    system = {"role": "system", "content": system_prompt if system_prompt is not None else env.system_prompt}
+    tools = [t.to_schema() for t in env.tools] + list(extra_tools)
     rollout = Rollout(uid=uid, task_id=task.id, group_id=group_id, segments=[Segment(kind="normal")])
     rollout.env = {"name": env.name}
-    return Episode(env=env, task=task, rollout=rollout, context=context)
+    messages = [system, {"role": "user", "content": first}]
+    return Episode(
+        env=env,
+        task=task,
+        rollout=rollout,
+        renderer=renderer,
+        segment=rollout.segments[0],
+        messages=messages,
+        tools=tools or None,
+        context=list(renderer.initial_ids(messages, tools=tools or None)),
+    )
 
 
-def _finish(ep: Episode, termination: str) -> None:
-    ep.done = True
-    ep.rollout.termination = termination
-    ep.rollout.reward = float(sum(t.reward for t in ep.rollout.turns))
+def make_turn(ep: Episode, prompt: list[int], gen: Generation) -> Turn:
+    return Turn(
+        prompt_ids=list(prompt),
+        response_ids=list(gen.ids),
+        logprobs=list(gen.logprobs),
+        response_text=gen.text,
+        truncated=gen.finish_reason == "length",
+    )
+
+
+def apply_result(turn: Turn, result: StepResult) -> None:
+    turn.reward = float(result.reward)
+    turn.obs_key = result.obs_key
+    turn.invalid = result.invalid
+    turn.tool_calls = result.tool_calls
+    turn.observation = result.observation if not result.done else (result.observation or None)
+
+
+def episode_program(
+    ep: Episode,
+    manager: ContextManager,
+    params: SamplingParams,
+    *,
+    tool_handler: ToolHandler | None = None,
+) -> Program:
+    """Run one episode to the end; returns the rollout (or the child's result for subagents)."""
+    manager.start(ep)
+    while not ep.done:
+        if ep.agent_turns >= manager.limits.max_turns and not ep.final_attempt:
+            _end_without_answer(ep, "max_turns")
+            break
+        turn_params = yield from manager.before_turn(ep, params)
+        if turn_params is None or ep.done:
+            break
+        prompt = list(manager.prompt(ep))
+        gen = yield Generate(prompt, turn_params)
+        ep.agent_turns += 1
+        turn = make_turn(ep, prompt, gen)
+        if ep.is_child:
+            answer = parse_answer(gen.text)
+            if answer is not None and answer.strip():
+                ep.segment.turns.append(turn)
+                ep.result = ("success", answer.strip())
+                finish(ep, "done")
+                break
+        result = None
+        if tool_handler is not None:
+            result = yield from tool_handler(ep, gen)
+        snapshot = ep.env.snapshot() if manager.needs_rollback and result is None else None
+        if result is None:
+            result = ep.env.step(gen.text)
+        apply_result(turn, result)
+        if result.done and not ep.is_child:
+            ep.segment.turns.append(turn)
+            ep.segment.info["terminal"] = True
+            ep.rollout.success = bool(result.success)
+            ep.rollout.final_answer = result.final_answer
+            finish(ep, "done")
+            break
+        if ep.final_attempt or (result.done and ep.is_child):
+            ep.segment.turns.append(turn)
+            _end_without_answer(ep, "context" if ep.final_attempt else "done")
+            break
+        yield from manager.commit(ep, turn, gen, result, snapshot)
+    return ep.result if ep.is_child else ep.rollout
+
+
+def _end_without_answer(ep: Episode, termination: str) -> None:
+    if ep.is_child:
+        reason = "no <answer> before the turn limit" if termination == "max_turns" else "no <answer> given"
+        ep.result = ("failed", reason)
+    else:
+        ep.segment.info.setdefault("terminal", True)
+    finish(ep, termination)
 
 
 def run_episodes(
@@ -74,67 +161,20 @@ def run_episodes(
     episodes: Sequence[Episode],
     params: SamplingParams,
     limits: LoopLimits,
+    *,
+    context: str = "append",
+    context_params: dict | None = None,
+    tool_handler: ToolHandler | None = None,
 ) -> list[Rollout]:
-    """Run ``episodes`` to completion with batched generation; return their rollouts."""
-    while True:
-        active = [ep for ep in episodes if not ep.done]
-        if not active:
-            break
-        batch: list[Episode] = []
-        budgets: list[int] = []
-        for ep in active:
-            if ep.rollout.num_turns >= limits.max_turns:
-                _finish(ep, "max_turns")
-                continue
-            room = limits.context_budget - len(ep.context)
-            if room < params.max_new_tokens and (limits.overflow == "fail" or room < 1):
-                _finish(ep, "context")
-                continue
-            batch.append(ep)
-            budgets.append(min(room, params.max_new_tokens))
-        if not batch:
-            continue
-        # Generations with a reduced budget (overflow == truncate) run in their own call.
-        for budget in sorted(set(budgets), reverse=True):
-            sub = [ep for ep, b in zip(batch, budgets, strict=True) if b == budget]
-            p = params if budget == params.max_new_tokens else _with_budget(params, budget)
-            gens = engine.generate([ep.context for ep in sub], p)
-            for ep, gen in zip(sub, gens, strict=True):
-                _apply(ep, gen, renderer, truncated_by_budget=budget < params.max_new_tokens)
-    return [ep.rollout for ep in episodes]
+    """Run ``episodes`` to completion with batched generation; return their rollouts.
 
-
-def _with_budget(params: SamplingParams, budget: int) -> SamplingParams:
-    return replace(params, max_new_tokens=budget)
-
-
-def _apply(ep: Episode, gen, renderer, *, truncated_by_budget: bool) -> None:
-    turn = Turn(
-        prompt_ids=list(ep.context),
-        response_ids=list(gen.ids),
-        logprobs=list(gen.logprobs),
-        response_text=gen.text,
-        truncated=gen.finish_reason == "length",
-    )
-    ep.segment.turns.append(turn)
-    result = ep.env.step(gen.text)
-    turn.reward = float(result.reward)
-    turn.obs_key = result.obs_key
-    turn.invalid = result.invalid
-    turn.tool_calls = result.tool_calls
-    if result.done:
-        turn.observation = result.observation or None
-        ep.rollout.success = bool(result.success)
-        ep.rollout.final_answer = result.final_answer
-        _finish(ep, "done")
-        return
-    if turn.truncated and truncated_by_budget:
-        _finish(ep, "context")
-        return
-    turn.observation = result.observation
-    ep.context = (
-        ep.context
-        + list(gen.ids)
-        + list(renderer.end_of_turn_ids(gen.ids))
-        + list(renderer.continuation_ids([{"role": result.role, "content": result.observation}]))
-    )
+    ``context`` names the context manager (one instance per episode, built from
+    ``context_params``); ``tool_handler`` intercepts special tool calls (forking).
+    """
+    programs = []
+    for ep in episodes:
+        if ep.renderer is None:
+            ep.renderer = renderer
+        manager = make_context(context, limits, context_params)
+        programs.append(episode_program(ep, manager, params, tool_handler=tool_handler))
+    return drive(engine, programs)

@@ -368,7 +368,7 @@ def _shared_scale(
 # ----------------------------------------------------------------- registered estimator
 
 
-@register_estimator("ccpo", loss_agg_mode="token-mean")
+@register_estimator("ccpo", loss_agg_mode="token-mean", needs=("hidden",))
 def ccpo(
     groups: Sequence[Group],
     *,

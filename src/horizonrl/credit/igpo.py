@@ -110,7 +110,7 @@ def _split_scores(entries: Sequence[ScorePair], n_turns: int, i: int) -> tuple[l
     return before, after
 
 
-@register_estimator("igpo", loss_agg_mode="token-mean")
+@register_estimator("igpo", loss_agg_mode="token-mean", needs=("scores",))
 def igpo(
     groups: Sequence[Group],
     *,

@@ -265,7 +265,7 @@ def _rollout_gains(rollouts: list[Rollout], gains: Sequence[Sequence[float | Non
     return out
 
 
-@register_estimator("mosaic", loss_agg_mode="rollout-mean-token-mean")
+@register_estimator("mosaic", loss_agg_mode="rollout-mean-token-mean", needs=("gains",))
 def mosaic(
     groups: Sequence[Group],
     *,

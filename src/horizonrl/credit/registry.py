@@ -64,13 +64,16 @@ class EstimatorSpec:
     """A registered estimator.
 
     ``loss_agg_mode`` is the aggregation mode (``horizonrl.losses.aggregate``) the
-    method is defined with; a config may override it.
+    method is defined with; a config may override it. ``needs`` names keyword
+    inputs the trainer must compute with a model (``gains``, ``scores``,
+    ``hidden``; see ``horizonrl.train.features``).
     """
 
     name: str
     fn: EstimatorFn
     loss_agg_mode: str = "token-mean"
     description: str = ""
+    needs: tuple[str, ...] = ()
 
     @property
     def params(self) -> tuple[str, ...] | None:
@@ -100,7 +103,12 @@ _REGISTRY: dict[str, EstimatorSpec] = {}
 
 
 def register_estimator(
-    name: str, *, loss_agg_mode: str = "token-mean", description: str = "", replace: bool = False
+    name: str,
+    *,
+    loss_agg_mode: str = "token-mean",
+    description: str = "",
+    needs: tuple[str, ...] = (),
+    replace: bool = False,
 ) -> Callable[[F], F]:
     """Decorator registering ``fn`` under ``name``; returns ``fn`` unchanged.
 
@@ -116,7 +124,11 @@ def register_estimator(
         _param_names(fn)  # validates the signature
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         _REGISTRY[name] = EstimatorSpec(
-            name=name, fn=fn, loss_agg_mode=loss_agg_mode, description=description or (doc[0] if doc else "")
+            name=name,
+            fn=fn,
+            loss_agg_mode=loss_agg_mode,
+            description=description or (doc[0] if doc else ""),
+            needs=tuple(needs),
         )
         return fn
 

@@ -7,12 +7,12 @@ from math import comb
 
 import numpy as np
 
-from horizonrl.agents import LoopLimits, run_episodes
-from horizonrl.agents.react import start_episode
+from horizonrl.agents import LoopLimits, drive
+from horizonrl.agents.registry import AgentSpec, make_program
 from horizonrl.credit import flatten_rollouts
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
-from horizonrl.trajectory import Group, Rollout
+from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout
 
 
 def collect_groups(
@@ -25,20 +25,28 @@ def collect_groups(
     limits: LoopLimits,
     *,
     tag: str = "",
+    agent: str = "react",
+    spec: AgentSpec | None = None,
 ) -> list[Group]:
-    """Run ``group_size`` rollouts of every task; rollout uids are ``{tag}{task_index}-{k}``."""
-    episodes = []
-    groups = []
-    for i, task in enumerate(tasks):
-        gid = f"{tag}{i}"
-        groups.append(Group(group_id=gid, task_id=task.id))
-        for k in range(group_size):
-            episodes.append(start_episode(make_env(), task, renderer, uid=f"{gid}-{k}", group_id=gid))
+    """Run ``group_size`` rollouts of every task; rollout uids are ``{tag}{task_index}-{k}``.
+
+    ``agent`` names the agent kind (:mod:`horizonrl.agents.registry`); ``spec``
+    carries its context manager and parameters (default: ``append``, no params).
+    """
+    spec = spec or AgentSpec(renderer=renderer, params=params, limits=limits, make_env=make_env)
+    envs, programs, groups = [], [], []
     try:
-        rollouts = run_episodes(engine, renderer, episodes, params, limits)
+        for i, task in enumerate(tasks):
+            gid = f"{tag}{i}"
+            groups.append(Group(group_id=gid, task_id=task.id))
+            for k in range(group_size):
+                env = make_env()
+                envs.append(env)
+                programs.append(make_program(agent, env, task, spec, uid=f"{gid}-{k}", group_id=gid))
+        rollouts = drive(engine, programs)
     finally:
-        for ep in episodes:
-            ep.env.close()
+        for env in envs:
+            env.close()
     for j, r in enumerate(rollouts):
         groups[j // group_size].rollouts.append(r)
     return groups
@@ -50,7 +58,11 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
     turns = [t for r in rollouts for t in r.turns]
     nt = max(len(turns), 1)
     term = [r.termination for r in rollouts]
-    return {
+    kinds = {
+        f"{prefix}rollout/sessions_{kind}_mean": sum(s.kind == kind for r in rollouts for s in r.segments) / n
+        for kind in SEGMENT_KINDS
+    }
+    return kinds | {
         f"{prefix}reward/mean": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
         f"{prefix}success/rate": sum(r.success for r in rollouts) / n,
         f"{prefix}rollout/turns_mean": sum(r.num_turns for r in rollouts) / n,
@@ -61,6 +73,9 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}rollout/truncated_turn_rate": sum(t.truncated for t in turns) / nt,
         f"{prefix}rollout/context_overflow_rate": term.count("context") / n,
         f"{prefix}rollout/max_turns_rate": term.count("max_turns") / n,
+        f"{prefix}rollout/forks_mean": sum(r.env.get("forks", 0) for r in rollouts) / n,
+        f"{prefix}rollout/trajectory_tokens_mean": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)
+        / n,
     }
 
 
@@ -82,9 +97,13 @@ def evaluate(
     samples: int,
     params: SamplingParams,
     limits: LoopLimits,
+    agent: str = "react",
+    spec: AgentSpec | None = None,
 ) -> dict[str, float]:
     """Held-out evaluation: ``samples`` rollouts per task, pass@1 and pass@samples."""
-    groups = collect_groups(engine, renderer, make_env, tasks, samples, params, limits, tag="eval")
+    groups = collect_groups(
+        engine, renderer, make_env, tasks, samples, params, limits, tag="eval", agent=agent, spec=spec
+    )
     correct = [sum(r.success for r in g.rollouts) for g in groups]
     out = {
         "eval/pass@1": float(np.mean([pass_at_k(samples, c, 1) for c in correct])),

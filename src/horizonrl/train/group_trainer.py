@@ -19,6 +19,7 @@ import torch
 
 from horizonrl import credit
 from horizonrl.agents import LoopLimits
+from horizonrl.agents.registry import AgentSpec, check_agent_params
 from horizonrl.config import RunConfig, save_config
 from horizonrl.envs import get_env
 from horizonrl.inference import HFEngine, SamplingParams
@@ -26,6 +27,7 @@ from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
+from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.update import UpdateSettings, ppo_update
 from horizonrl.trajectory import build_rows, write_jsonl
@@ -66,6 +68,8 @@ class GroupTrainer:
         self.test_tasks = self.env_cls.make_tasks(
             cfg.env.test_tasks, seed=cfg.env.seed, split="test", **knobs
         )
+        self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
+        check_agent_params(cfg.rollout.agent, cfg.rollout.agent_params)
 
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
@@ -100,6 +104,9 @@ class GroupTrainer:
             context_budget=cfg.rollout.context_budget,
             overflow=cfg.rollout.overflow,
         )
+        self.agent = cfg.rollout.agent
+        self.spec = self.agent_spec(self.params)
+        self.extra_metrics: dict[str, float] = {}
         self.update_settings = UpdateSettings(
             loss_agg_mode=self.loss_agg_mode,
             clip_low=cfg.algo.clip_low,
@@ -162,6 +169,18 @@ class GroupTrainer:
     def make_env(self):
         return self.env_cls(**self.cfg.env.knobs)
 
+    def agent_spec(self, params: SamplingParams) -> AgentSpec:
+        r = self.cfg.rollout
+        return AgentSpec(
+            renderer=self.renderer,
+            params=params,
+            limits=self.limits,
+            context=r.context,
+            context_params=dict(r.context_params),
+            agent_params=dict(r.agent_params),
+            make_env=self.make_env,
+        )
+
     def evaluate(self) -> dict[str, float]:
         """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched)."""
         saved = self.engine.rng_state()
@@ -180,6 +199,8 @@ class GroupTrainer:
                 samples=self.cfg.train.eval_samples,
                 params=params,
                 limits=self.limits,
+                agent=self.agent,
+                spec=self.agent_spec(params),
             )
         finally:
             self.engine.set_rng_state(saved)
@@ -197,10 +218,15 @@ class GroupTrainer:
             self.params,
             self.limits,
             tag=f"s{self.step}-",
+            agent=self.agent,
+            spec=self.spec,
         )
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
-        advantages = self.estimator(groups, **cfg.algo.estimator_params)
+        self.extra_metrics = {}
+        est_params = dict(cfg.algo.estimator_params)
+        features, feature_times = compute_features(self, self.estimator.needs, groups, est_params)
+        advantages = self.estimator(groups, **est_params, **features)
         rows = build_rows(rollouts, advantages)
         t2 = time.perf_counter()
         metrics = ppo_update(
@@ -220,6 +246,8 @@ class GroupTrainer:
         gen_tokens = sum(r.num_response_tokens for r in rollouts)
         flat_adv = np.concatenate([np.asarray(t) for r in advantages for s in r for t in s] or [np.zeros(0)])
         metrics.update(rollout_metrics(rollouts))
+        metrics.update(self.extra_metrics)
+        metrics.update(feature_times)
         metrics.update(
             {
                 "train/zero_adv_token_rate": float(np.mean(flat_adv == 0.0)) if flat_adv.size else 0.0,

@@ -1,0 +1,184 @@
+"""Context managers: the ``(M, Phi)`` view of an agent's working context.
+
+A context manager owns how the history of an episode is kept (``M``: the
+managed state) and how the next prompt is reconstructed from it (``Phi``: a
+bounded reconstruction). The agent loop (:mod:`horizonrl.agents.react`) is the
+same for all of them; it asks the manager
+
+- :meth:`ContextManager.start` — build the first context of the episode;
+- :meth:`ContextManager.before_turn` — make room for the next generation (may
+  run extra generations: a compaction session, a selection turn) and return
+  the sampling parameters of the turn, or ``None`` to end the rollout;
+- :meth:`ContextManager.prompt` — the exact token ids the next turn sees;
+- :meth:`ContextManager.commit` — record a finished turn and its observation
+  (may discard it and reconstruct instead).
+
+``before_turn`` and ``commit`` are sub-programs (generators, see
+:mod:`horizonrl.agents.driver`): they ``yield`` generation requests and are
+called with ``yield from``. Whatever a manager puts in ``prompt`` is recorded
+verbatim as ``Turn.prompt_ids``, so every token is trained under the exact
+context it was sampled from.
+
+Managers are registered by name (``rollout.context`` in configs)::
+
+    @register_context("append")
+    class AppendContext(ContextManager): ...
+
+The built-in ``append`` manager keeps one append-only context per episode and,
+when the next generation would overrun ``context_budget``, either shortens it to
+fit (``overflow: truncate``) or ends the rollout (``overflow: fail``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.trajectory import Rollout, Segment, Turn
+
+if TYPE_CHECKING:
+    from horizonrl.agents.react import LoopLimits
+
+
+@dataclass
+class Episode:
+    """One rollout (or one subagent) in progress.
+
+    ``segment`` is the session the next turn is recorded in; ``context`` the token
+    ids of the current working context; ``agent_turns`` counts the agent's own
+    turns (not compaction or selection generations) against ``max_turns``;
+    ``final_attempt`` is set when the next generation is the last one allowed
+    (forced answer); ``state`` is scratch space of the context manager.
+    """
+
+    env: Env
+    task: Task
+    rollout: Rollout
+    renderer: Any
+    segment: Segment
+    messages: list[dict[str, str]] = field(default_factory=list)
+    tools: list[dict] | None = None
+    context: list[int] = field(default_factory=list)
+    done: bool = False
+    agent_turns: int = 0
+    final_attempt: bool = False
+    is_child: bool = False
+    result: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def new_segment(self, kind: str, **kw: Any) -> Segment:
+        """Append a new session to the rollout and return it (does not make it current)."""
+        seg = Segment(kind=kind, **kw)
+        self.rollout.segments.append(seg)
+        return seg
+
+    @property
+    def segment_index(self) -> int:
+        return next(i for i, s in enumerate(self.rollout.segments) if s is self.segment)
+
+
+SubProgram = Generator[Any, Any, Any]
+
+
+def finish(ep: Episode, termination: str) -> None:
+    """End the episode: set its termination and sum the turn rewards into the outcome."""
+    ep.done = True
+    if ep.is_child:
+        return
+    ep.rollout.termination = termination
+    ep.rollout.reward = float(sum(t.reward for t in ep.rollout.turns))
+
+
+def observation_ids(ep: Episode, turn: Turn, result: StepResult) -> list[int]:
+    """Tokens appended after a turn: end-of-turn if generation was cut, then the rendered reply."""
+    return list(ep.renderer.end_of_turn_ids(turn.response_ids)) + list(
+        ep.renderer.continuation_ids([{"role": result.role, "content": result.observation}])
+    )
+
+
+class ContextManager:
+    """Base class: the append-only behaviour; subclasses override the hooks they change."""
+
+    name: ClassVar[str] = "context"
+    #: Whether the loop should snapshot the environment before each step so that
+    #: :meth:`commit` can roll a discarded turn back (``env.restore``).
+    needs_rollback: ClassVar[bool] = False
+
+    def __init__(self, limits: LoopLimits) -> None:
+        self.limits = limits
+
+    # -- hooks ---------------------------------------------------------------
+
+    def start(self, ep: Episode) -> None:
+        ep.context = list(ep.renderer.initial_ids(ep.messages, tools=ep.tools))
+
+    def prompt(self, ep: Episode) -> list[int]:
+        return ep.context
+
+    def before_turn(self, ep: Episode, params: SamplingParams) -> SubProgram:
+        """Return the parameters of the next generation, or ``None`` after :func:`finish`."""
+        room = self.limits.context_budget - len(self.prompt(ep))
+        if room >= params.max_new_tokens:
+            return params
+        if self.limits.overflow == "fail" or room < 1:
+            finish(ep, "context")
+            return None
+        return replace(params, max_new_tokens=room)
+        yield  # pragma: no cover - makes this a generator
+
+    def commit(
+        self, ep: Episode, turn: Turn, gen: Generation, result: StepResult, snapshot: Any
+    ) -> SubProgram:
+        """Record ``turn`` (already built from ``gen`` and ``result``) and extend the context."""
+        ep.segment.turns.append(turn)
+        if turn.truncated and len(ep.context) + len(turn.response_ids) >= self.limits.context_budget:
+            finish(ep, "context")
+            return
+        ep.context = ep.context + list(turn.response_ids) + observation_ids(ep, turn, result)
+        yield from ()
+
+
+C = TypeVar("C", bound=type[ContextManager])
+_REGISTRY: dict[str, type[ContextManager]] = {}
+
+
+def register_context(name: str) -> Callable[[C], C]:
+    """Class decorator registering a :class:`ContextManager` subclass under ``name``."""
+
+    def deco(cls: C) -> C:
+        if not (isinstance(cls, type) and issubclass(cls, ContextManager)):
+            raise TypeError(f"register_context({name!r}) expects a ContextManager subclass, got {cls!r}")
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"context manager {name!r} is already registered by {_REGISTRY[name]!r}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def list_contexts() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
+    """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown context manager {name!r}; known: {list_contexts()}")
+    cls = _REGISTRY[name]
+    params = dict(params or {})
+    sig = inspect.signature(cls.__init__)
+    accepted = [p for p in sig.parameters if p not in ("self", "limits")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"context manager {name!r} got unknown parameter(s) {unknown}; accepted: {accepted}")
+    return cls(limits, **params)
+
+
+@register_context("append")
+class AppendContext(ContextManager):
+    """Append-only context (the default ReAct behaviour; see the module docstring)."""

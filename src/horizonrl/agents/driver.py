@@ -1,0 +1,122 @@
+"""Batched execution of agent programs.
+
+An agent *program* is a Python generator that describes one rollout (or one
+subagent) step by step and yields requests to the driver:
+
+- :class:`Generate` — sample one continuation of ``prompt_ids``; the driver
+  sends back a :class:`~horizonrl.inference.base.Generation`;
+- :class:`Spawn` — run child programs concurrently (subagent forking); the
+  driver sends back the list of their return values once all have finished.
+
+:func:`drive` runs many programs together: every round it gathers the pending
+``Generate`` requests of all programs, makes one engine call per distinct
+:class:`~horizonrl.inference.base.SamplingParams` (compaction sessions run at
+their own temperature, shortened generations with their own budget), and resumes
+each program with its result. A batch of ``tasks x G`` rollouts therefore costs
+about ``max_turns`` batched engine calls whatever the context managers do, and
+children of a fork generate in the same batches as every other episode.
+
+Writing a program::
+
+    def program(...):
+        gen = yield Generate(prompt_ids, params)
+        results = yield Spawn([child_a(), child_b()])
+        return value
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from horizonrl.inference.base import Engine, Generation, SamplingParams
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Request one sampled continuation of ``prompt_ids``."""
+
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Run ``programs`` concurrently; resume with the list of their return values."""
+
+    programs: Sequence[Generator]
+
+
+Program = Generator[Generate | Spawn, Any, Any]
+
+
+@dataclass
+class _Task:
+    program: Program
+    parent: _Task | None = None
+    request: Generate | Spawn | None = None
+    waiting_on: int = 0
+    child_results: list[Any] = field(default_factory=list)
+    done: bool = False
+    result: Any = None
+
+
+def drive(engine: Engine, programs: Sequence[Program]) -> list[Any]:
+    """Run ``programs`` to completion with batched generation; return their values in order."""
+    roots = [_Task(p) for p in programs]
+    ready: deque[tuple[_Task, Any]] = deque((t, None) for t in roots)
+    pending: list[_Task] = []
+    while ready or pending:
+        while ready:
+            task, value = ready.popleft()
+            _advance(task, value, ready, pending)
+        if not pending:
+            break
+        batch, pending = pending, []
+        by_params: dict[SamplingParams, list[_Task]] = {}
+        for t in batch:
+            by_params.setdefault(t.request.params, []).append(t)
+        for params, tasks in by_params.items():
+            gens = engine.generate([list(t.request.prompt_ids) for t in tasks], params)
+            if len(gens) != len(tasks):
+                raise RuntimeError(f"engine returned {len(gens)} generations for {len(tasks)} prompts")
+            ready.extend(zip(tasks, gens, strict=True))
+    return [t.result for t in roots]
+
+
+def _advance(task: _Task, value: Any, ready: deque, pending: list[_Task]) -> None:
+    """Resume ``task`` with ``value`` until it yields a generation request or ends."""
+    try:
+        request = next(task.program) if task.request is None else task.program.send(value)
+    except StopIteration as stop:
+        task.done, task.result = True, stop.value
+        parent = task.parent
+        if parent is not None:
+            parent.waiting_on -= 1
+            if parent.waiting_on == 0:
+                ready.append((parent, [c.result for c in parent.child_results]))
+        return
+    task.request = request
+    if isinstance(request, Generate):
+        if not isinstance(request.params, SamplingParams):
+            raise TypeError(f"Generate.params must be SamplingParams, got {type(request.params).__name__}")
+        pending.append(task)
+    elif isinstance(request, Spawn):
+        children = [_Task(p, parent=task) for p in request.programs]
+        task.child_results = children
+        task.waiting_on = len(children)
+        if not children:
+            ready.append((task, []))
+        ready.extend((c, None) for c in children)
+    else:
+        raise TypeError(f"an agent program yielded {request!r}; expected Generate or Spawn")
+
+
+def run_program(engine: Engine, program: Program) -> Any:
+    """Drive a single program (convenience for tests and scripts)."""
+    return drive(engine, [program])[0]
+
+
+__all__ = ["Generate", "Generation", "Program", "Spawn", "drive", "run_program"]
