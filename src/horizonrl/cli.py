@@ -10,10 +10,10 @@ from horizonrl.config import ConfigError, describe, load_config
 
 
 def _cmd_train(args) -> int:
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers import make_trainer
 
     cfg = load_config(args.config, args.overrides)
-    trainer = GroupTrainer(cfg, resume=args.resume)
+    trainer = make_trainer(cfg, resume=args.resume)
     records = trainer.fit()
     last = records[-1] if records else {}
     print(json.dumps({k: v for k, v in last.items() if k.startswith(("eval/pass", "step", "success"))}))

@@ -175,6 +175,11 @@ class OptimConfig(_Section):
 @dataclass(frozen=True)
 class TrainConfig(_Section):
     _prefix = "train."
+    trainer: str = opt(
+        "group",
+        "'group' (GRPO, Mosaic, CCPO, ECHO, ... over groups of rollouts), 'rtpo' (reverse-turn), "
+        "'seeupo' (sequential per-turn baseline)",
+    )
     steps: int = opt(20, "training steps (one batch of rollouts each)", ge=0)
     seed: int = opt(0, "seed of task sampling, rollouts and shuffling")
     out_dir: str = opt("runs/default", "run directory")
@@ -189,6 +194,25 @@ class TrainConfig(_Section):
     save_rollouts: bool = opt(True, "write each step's rollouts to rollouts/step_N.jsonl")
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     progress: bool = opt(True, "show a progress bar")
+
+
+@dataclass(frozen=True)
+class RTPOConfig(_Section):
+    """Reverse-turn training (RTPO, paper Algorithm 1; spec/rtpo.md). Used by train.trainer=rtpo|seeupo."""
+
+    _prefix = "rtpo."
+    trunks_per_task: int = opt(1, "trunk rollouts per task; every realized turn boundary is a stage", ge=1)
+    siblings: int = opt(8, "rollouts per boundary group G (the trunk is excluded from baselines)", ge=2)
+    off_policy: bool = opt(
+        False,
+        "reuse continuations sampled from the initial policy, weighted by the clamped trajectory IS weight",
+    )
+    weight_low: float = opt(0.0, "lower clamp of the off-policy trajectory importance weight", ge=0.0)
+    weight_high: float = opt(1.0, "upper clamp of the off-policy trajectory importance weight", gt=0.0)
+    sync_every: int = opt(1, "synchronize engine weights every N stages (1 = fully on-policy)", ge=1)
+    flat: bool = opt(
+        False, "train under the concatenated full history instead of the context each turn saw (ablation)"
+    )
 
 
 @dataclass(frozen=True)
@@ -215,6 +239,7 @@ class RunConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "credit and loss"})
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimizer"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training loop"})
+    rtpo: RTPOConfig = field(default_factory=RTPOConfig, metadata={"help": "reverse-turn training"})
     sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "supervised warm start"})
 
     def to_dict(self) -> dict[str, Any]:

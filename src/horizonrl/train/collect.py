@@ -53,7 +53,12 @@ def collect_groups(
 
 
 def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
-    """Per-step rollout statistics (DESIGN.md metric keys)."""
+    """Per-step rollout statistics (DESIGN.md metric keys).
+
+    Besides the fixed keys, every number an agent loop or context manager puts in
+    ``rollout.env["metrics"]`` is averaged (over the rollouts that report it) as
+    ``rollout/<key>``.
+    """
     n = max(len(rollouts), 1)
     turns = [t for r in rollouts for t in r.turns]
     nt = max(len(turns), 1)
@@ -62,6 +67,11 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}rollout/sessions_{kind}_mean": sum(s.kind == kind for r in rollouts for s in r.segments) / n
         for kind in SEGMENT_KINDS
     }
+    extra: dict[str, list[float]] = {}
+    for r in rollouts:
+        for k, v in (r.env.get("metrics") or {}).items():
+            extra.setdefault(f"{prefix}rollout/{k}", []).append(float(v))
+    kinds.update({k: float(np.mean(v)) for k, v in extra.items()})
     return kinds | {
         f"{prefix}reward/mean": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
         f"{prefix}success/rate": sum(r.success for r in rollouts) / n,

@@ -29,6 +29,7 @@ from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
+from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
 from horizonrl.trajectory import build_rows, write_jsonl
 
@@ -47,6 +48,7 @@ def _lr_lambda(warmup: int, total: int, schedule: str):
     return f
 
 
+@register_trainer("group")
 class GroupTrainer:
     """Owns the policy, engine, optimizer and run directory of one training run."""
 
