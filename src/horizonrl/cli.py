@@ -98,6 +98,31 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    try:
+        from horizonrl.serve import serve
+    except ImportError as e:  # fastapi/uvicorn are the optional "serve" extra
+        print(f"horizonrl: error: {e}", file=sys.stderr)
+        return 2
+    if not 0 <= args.port <= 65535:
+        print(f"horizonrl: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+        return 2
+    serve(
+        args.model,
+        args.host,
+        args.port,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_batch_size=args.max_batch_size,
+        default_max_tokens=args.max_tokens,
+        cache_dir=args.cache_dir,
+        log_level=args.log_level,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="horizonrl", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -106,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", "-c", default=None, help="YAML config file")
         sp.add_argument("overrides", nargs="*", help="section.field=value overrides")
 
-    sp = sub.add_parser("train", help="train with the group trainer")
+    sp = sub.add_parser("train", help="train (train.trainer picks the group, rtpo or seeupo trainer)")
     with_config(sp)
     sp.add_argument("--resume", action="store_true", help="resume from the run's latest checkpoint")
     sp.set_defaults(fn=_cmd_train)
@@ -129,6 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--knobs", default=None, help="JSON object of environment knobs")
     sp.add_argument("--out", required=True)
     sp.set_defaults(fn=_cmd_demos)
+
+    sp = sub.add_parser("serve", help="OpenAI-compatible chat-completions server for a model")
+    sp.add_argument("model", help="'tiny', 'smollm2', a model directory, a checkpoint or a run directory")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--model-name", default=None, help="name clients send as 'model' (default: from MODEL)")
+    sp.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    sp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    sp.add_argument("--seed", type=int, default=0, help="sampling seed (a request's 'seed' overrides it)")
+    sp.add_argument("--max-batch-size", type=int, default=16, help="rows per generation batch")
+    sp.add_argument("--max-tokens", type=int, default=512, help="max_tokens of requests that give none")
+    sp.add_argument(
+        "--cache-dir", default=None, help="where 'tiny' is built (default ~/.cache/horizonrl/tiny)"
+    )
+    sp.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace")
+    )
+    sp.set_defaults(fn=_cmd_serve)
 
     sp = sub.add_parser("quickstart", help="tiny model: SFT warm start, GRPO, before/after table")
     sp.add_argument("--out", default="runs/quickstart")

@@ -202,16 +202,42 @@ class RTPOConfig(_Section):
 
     _prefix = "rtpo."
     trunks_per_task: int = opt(1, "trunk rollouts per task; every realized turn boundary is a stage", ge=1)
-    siblings: int = opt(8, "rollouts per boundary group G (the trunk is excluded from baselines)", ge=2)
+    siblings: int = opt(
+        3,
+        "rollouts per boundary group G: G-1 siblings are sampled at each boundary (the trunk is excluded "
+        "from baselines); G = 2 is degenerate (A = 0) and refused, the paper uses G = 3",
+        ge=2,
+    )
     off_policy: bool = opt(
         False,
         "reuse continuations sampled from the initial policy, weighted by the clamped trajectory IS weight",
     )
-    weight_low: float = opt(0.0, "lower clamp of the off-policy trajectory importance weight", ge=0.0)
-    weight_high: float = opt(1.0, "upper clamp of the off-policy trajectory importance weight", gt=0.0)
-    sync_every: int = opt(1, "synchronize engine weights every N stages (1 = fully on-policy)", ge=1)
+    weight_low: float = opt(
+        0.0,
+        "lower clamp rho_min of the trajectory importance weight of stale continuations (off-policy, "
+        "sync_every > 1, SeeUPO's downstream correction)",
+        ge=0.0,
+    )
+    weight_high: float = opt(
+        1.0, "upper clamp rho_max of that weight (1.0 = truncated IS, never amplifies a return)", gt=0.0
+    )
+    sync_every: int = opt(
+        1,
+        "synchronize engine weights every N stages (1 = fully on-policy, omega = 1; > 1 samples from a "
+        "stale engine copy and weights the continuations)",
+        ge=1,
+    )
     flat: bool = opt(
         False, "train under the concatenated full history instead of the context each turn saw (ablation)"
+    )
+    max_rollouts: int = opt(
+        0,
+        "generation budget: end the run before a phase would push the generated rollouts (trunks + "
+        "siblings, or SeeUPO chains) past this; 0 = no cap (match a GRPO run: steps x tasks x G)",
+        ge=0,
+    )
+    max_gen_tokens: int = opt(
+        0, "generation budget: end the run once this many tokens have been generated; 0 = no cap", ge=0
     )
 
 

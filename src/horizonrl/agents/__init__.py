@@ -15,8 +15,13 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import Generate, Spawn, drive, run_program
 from horizonrl.agents.react import LoopLimits, episode_program, run_episodes, start_episode
+from horizonrl.agents.registry import AgentSpec, list_agents, register_agent
+
+# Modules that register context managers and agent kinds.
+from horizonrl.agents import compaction, fork  # noqa: F401  isort: skip
 
 __all__ = [
+    "AgentSpec",
     "ContextManager",
     "Episode",
     "Generate",
@@ -24,8 +29,10 @@ __all__ = [
     "Spawn",
     "drive",
     "episode_program",
+    "list_agents",
     "list_contexts",
     "make_context",
+    "register_agent",
     "register_context",
     "run_episodes",
     "run_program",

@@ -27,7 +27,7 @@ Writing a program::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +36,18 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams
 
 @dataclass(frozen=True)
 class Generate:
-    """Request one sampled continuation of ``prompt_ids``."""
+    """Request one sampled continuation of ``prompt_ids``.
+
+    ``expert`` optionally gives what a scripted expert would say here,
+    ``expert(rng, noise) -> text``: engines with a ``generate_requests`` method
+    (:class:`horizonrl.agents.expert.ExpertEngine`) answer with it, so running the
+    agent program with the expert engine records demonstrations in exactly the
+    format (prompts, sessions, protocol messages) the policy is trained on.
+    """
 
     prompt_ids: Sequence[int]
     params: SamplingParams
+    expert: Callable[[Any, float], str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,10 @@ def drive(engine: Engine, programs: Sequence[Program]) -> list[Any]:
         for t in batch:
             by_params.setdefault(t.request.params, []).append(t)
         for params, tasks in by_params.items():
-            gens = engine.generate([list(t.request.prompt_ids) for t in tasks], params)
+            if hasattr(engine, "generate_requests"):
+                gens = engine.generate_requests([t.request for t in tasks])
+            else:
+                gens = engine.generate([list(t.request.prompt_ids) for t in tasks], params)
             if len(gens) != len(tasks):
                 raise RuntimeError(f"engine returned {len(gens)} generations for {len(tasks)} prompts")
             ready.extend(zip(tasks, gens, strict=True))

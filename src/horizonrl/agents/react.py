@@ -114,7 +114,7 @@ def episode_program(
         if turn_params is None or ep.done:
             break
         prompt = list(manager.prompt(ep))
-        gen = yield Generate(prompt, turn_params)
+        gen = yield Generate(prompt, turn_params, expert=ep.state.get("expert") or _env_expert(ep))
         ep.agent_turns += 1
         turn = make_turn(ep, prompt, gen)
         if ep.is_child:
@@ -124,10 +124,10 @@ def episode_program(
                 ep.result = ("success", answer.strip())
                 finish(ep, "done")
                 break
+        snapshot = ep.env.snapshot() if manager.needs_rollback else None
         result = None
         if tool_handler is not None:
             result = yield from tool_handler(ep, gen)
-        snapshot = ep.env.snapshot() if manager.needs_rollback and result is None else None
         if result is None:
             result = ep.env.step(gen.text)
         apply_result(turn, result)
@@ -144,6 +144,11 @@ def episode_program(
             break
         yield from manager.commit(ep, turn, gen, result, snapshot)
     return ep.result if ep.is_child else ep.rollout
+
+
+def _env_expert(ep: Episode):
+    """The environment's scripted expert for this episode's next message."""
+    return lambda rng, noise: ep.env.expert_action(rng, noise)
 
 
 def _end_without_answer(ep: Episode, termination: str) -> None:

@@ -1,16 +1,23 @@
 """Environments: the Env protocol, tools, and the built-in synthetic environments.
 
-Importing this package registers ``lookup``, ``rooms`` and ``arithmetic``::
+Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``
+and the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL) and ``math_python``
+(reasoning-gym + sandboxed Python) environments::
 
     from horizonrl.envs import get_env
     env = get_env("lookup")(hops=2)
     tasks = env.tasks(100, seed=0, split="train")
 """
 
+from horizonrl.envs.airline import AirlineEnv
 from horizonrl.envs.arithmetic import ArithmeticEnv
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.common import ToolEnv
+from horizonrl.envs.household import HouseholdEnv  # registers "household"; textworld loads on first use
 from horizonrl.envs.lookup import LookupEnv
+from horizonrl.envs.math_tool import (
+    MathPythonEnv,
+)  # registers "math_python"; reasoning-gym loads on first use
 from horizonrl.envs.registry import get_env, list_envs, make_env, register_env
 from horizonrl.envs.rooms import RoomsEnv
 from horizonrl.envs.tools import (
@@ -24,9 +31,12 @@ from horizonrl.envs.tools import (
 )
 
 __all__ = [
+    "AirlineEnv",
     "ArithmeticEnv",
     "Env",
+    "HouseholdEnv",
     "LookupEnv",
+    "MathPythonEnv",
     "RoomsEnv",
     "StepResult",
     "Task",

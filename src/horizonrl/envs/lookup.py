@@ -173,3 +173,36 @@ class LookupEnv(ToolEnv):
         if k == hops:
             return format_answer(chain[hops])
         return format_tool_call("search", {"query": chain[k]})
+
+    @staticmethod
+    def subtask(hop: int, entity: str) -> str:
+        """The subagent task that resolves one hop (what :meth:`delegation_expert` delegates)."""
+        return f"Find the {LAYER_TYPES[hop + 1]} of {entity}."
+
+    def delegation_expert(self, rng: random.Random, noise: float, forks_done: int) -> str:
+        """Expert main agent of subagent forking: delegate hop ``k`` to a subagent, then answer.
+
+        Fork call ``k`` delegates :meth:`subtask` for ``chain[k]``; after ``hops`` forks
+        it answers. With probability ``noise`` it instead does the next step itself
+        (:meth:`expert_action`, which may also err).
+        """
+        chain = self.state["chain"]
+        hops = len(chain) - 1
+        if rng.random() < check_noise(noise):
+            return self.expert_action(rng, noise)
+        if forks_done < hops:
+            task = self.subtask(forks_done, chain[forks_done])
+            return format_tool_call("fork", {"subagents": [{"task": task}]})
+        return format_answer(chain[hops])
+
+    def subagent_expert(self, task_text: str, rng: random.Random, noise: float) -> str:
+        """Expert subagent for a :meth:`subtask`: search the entity, then answer its link."""
+        words = task_text.rstrip(".").split()
+        entity = words[-1] if words else ""
+        link = next((f[2] for f in self.state["facts"] if f[0] == entity), None)
+        if entity not in self.state["searched"]:
+            return format_tool_call("search", {"query": entity})
+        if link is None or rng.random() < check_noise(noise) / 2:
+            others = [e for layer in self.state["layers"] for e in layer if e != link]
+            return format_answer(rng.choice(others))
+        return format_answer(link)

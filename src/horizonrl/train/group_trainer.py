@@ -25,6 +25,7 @@ from horizonrl.envs import get_env
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
+from horizonrl.train import info_gain  # noqa: F401  (registers the gains/scores providers)
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.features import compute_features

@@ -29,7 +29,9 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     out.mkdir(parents=True, exist_ok=True)
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
-    if cfg.sft.data is not None:
+    if cfg.sft.data is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
+        rows = expert_program_rows(cfg, ChatRenderer(tok), tok)
+    elif cfg.sft.data is not None:
         demos = read_demos(cfg.sft.data)
     else:
         demos = generate_demos(
@@ -42,7 +44,8 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
             task_seed=cfg.env.seed,
         )
         write_demos(out / "demos.jsonl", demos)
-    rows = demo_rows(ChatRenderer(tok), demos)
+    if cfg.sft.data is not None or (cfg.rollout.agent == "react" and cfg.rollout.context == "append"):
+        rows = demo_rows(ChatRenderer(tok), demos)
     device = resolve_device(cfg.model.device)
     model.to(device)
     sft_train(
@@ -59,6 +62,42 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     )
     save_model_and_tokenizer(model, tok, out)
     return out
+
+
+def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
+    """SFT rows from expert rollouts of the configured agent program (:mod:`horizonrl.agents.expert`).
+
+    Multi-session protocols (compaction summaries, fork calls, subagent sessions)
+    are recorded exactly as the policy will see them; every generated token is
+    trainable. ``sft.demos`` rollouts, one per training task.
+    """
+    from horizonrl.agents import AgentSpec, LoopLimits
+    from horizonrl.agents.expert import ExpertEngine
+    from horizonrl.envs import get_env
+    from horizonrl.inference import SamplingParams
+    from horizonrl.train.collect import collect_groups
+    from horizonrl.trajectory import build_rows
+
+    cls = get_env(cfg.env.name)
+    knobs = dict(cfg.env.knobs)
+    tasks = cls.make_tasks(cfg.sft.demos, seed=cfg.env.seed, split="train", **knobs)
+    r = cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens)
+    limits = LoopLimits(max_turns=r.max_turns, context_budget=r.context_budget, overflow=r.overflow)
+    spec = AgentSpec(
+        renderer=renderer,
+        params=params,
+        limits=limits,
+        context=r.context,
+        context_params=dict(r.context_params),
+        agent_params=dict(r.agent_params),
+        make_env=lambda: cls(**knobs),
+    )
+    engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=cfg.train.seed, noise=cfg.sft.noise)
+    groups = collect_groups(
+        engine, renderer, spec.make_env, tasks, 1, params, limits, agent=r.agent, spec=spec
+    )
+    return build_rows([ro for g in groups for ro in g.rollouts])
 
 
 def evaluate_model(cfg: RunConfig, model_dir: str | Path) -> dict[str, float]:
