@@ -1,8 +1,8 @@
 """Environments: the Env protocol, tools, and the built-in synthetic environments.
 
 Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``
-and the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL) and ``math_python``
-(reasoning-gym + sandboxed Python) environments::
+and the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python``
+(reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments::
 
     from horizonrl.envs import get_env
     env = get_env("lookup")(hops=2)
@@ -20,6 +20,7 @@ from horizonrl.envs.math_tool import (
 )  # registers "math_python"; reasoning-gym loads on first use
 from horizonrl.envs.registry import get_env, list_envs, make_env, register_env
 from horizonrl.envs.rooms import RoomsEnv
+from horizonrl.envs.search import SearchEnv  # registers "search"; bm25s/faiss/torch load on first use
 from horizonrl.envs.tools import (
     Tool,
     ToolCall,
@@ -38,6 +39,7 @@ __all__ = [
     "LookupEnv",
     "MathPythonEnv",
     "RoomsEnv",
+    "SearchEnv",
     "StepResult",
     "Task",
     "Tool",
