@@ -535,3 +535,19 @@ def test_resolve_checkpoint_paths_and_missing_model(tmp_path):
     assert resolve_model_path("tiny") == "tiny"
     with pytest.raises(FileNotFoundError, match="nowhere"):
         load_app(tmp_path / "nowhere", device="cpu")
+
+
+def test_chat_endpoint_knob_becomes_a_bound_chat_callable():
+    from horizonrl.train.env_knobs import resolve_knobs
+
+    out = resolve_knobs(
+        {
+            "user": "llm",
+            "user_chat": {"chat_endpoint": "http://127.0.0.1:9/v1", "model": "m", "temperature": 0.5},
+        }
+    )
+    assert out["user"] == "llm"
+    chat = out["user_chat"]
+    assert chat.func.__self__.__class__.__name__ == "ChatClient" and chat.keywords == {"temperature": 0.5}
+    with pytest.raises(ValueError, match="unknown chat endpoint settings"):
+        resolve_knobs({"user_chat": {"chat_endpoint": "http://x/v1", "model": "m", "bogus": 1}})

@@ -28,6 +28,7 @@ from horizonrl.train import checkpoint as ckpt
 from horizonrl.train import info_gain  # noqa: F401  (registers the gains/scores providers)
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
+from horizonrl.train.env_knobs import resolve_knobs
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.trainers import register_trainer
@@ -64,7 +65,7 @@ class GroupTrainer:
         self.estimator = credit.get_estimator(cfg.algo.estimator)
         self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
         self.env_cls = get_env(cfg.env.name)
-        knobs = dict(cfg.env.knobs)
+        knobs = self.env_knobs = resolve_knobs(dict(cfg.env.knobs))
         self.train_tasks = self.env_cls.make_tasks(
             cfg.env.train_tasks, seed=cfg.env.seed, split="train", **knobs
         )
@@ -170,7 +171,7 @@ class GroupTrainer:
     # ------------------------------------------------------------------ loop
 
     def make_env(self):
-        return self.env_cls(**self.cfg.env.knobs)
+        return self.env_cls(**self.env_knobs)
 
     def agent_spec(self, params: SamplingParams) -> AgentSpec:
         r = self.cfg.rollout

@@ -193,7 +193,9 @@ class AirlineEnv(Env):
     """τ²-bench airline customer service with a scripted or LLM customer (see module docstring).
 
     Knobs: ``user`` (``scripted`` or ``llm``), ``user_chat`` (the ``chat(messages)
-    -> str`` callable of the LLM customer), ``max_steps`` (assistant messages per
+    -> str`` callable of the LLM customer; in a config, a mapping
+    ``{chat_endpoint: URL, model: NAME, ...}`` that the trainer turns into one, see
+    :mod:`horizonrl.train.env_knobs`), ``max_steps`` (assistant messages per
     episode, default 40), ``max_user_turns`` (customer replies before it stops,
     default 15), ``max_calls_per_turn`` (default 4), ``check_actions`` (also
     require the expected actions, default False), ``max_obs_chars`` (cap on each
