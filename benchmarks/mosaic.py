@@ -35,6 +35,7 @@ def run(args) -> list[dict]:
             f"rollout.tasks_per_step={args.tasks}",
             f"rollout.group_size={args.group}",
             f"sft.demos={args.demos}",
+            f"sft.epochs={args.sft_epochs}",
             f"env.test_tasks={args.test_tasks}",
             f"train.eval_samples={args.eval_samples}",
             f"model.tiny_pretrain_steps={args.pretrain}",
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--demos", type=int, default=1200)
+    ap.add_argument("--sft-epochs", type=int, default=2)
     ap.add_argument("--pretrain", type=int, default=1500)
     ap.add_argument("--test-tasks", type=int, default=32)
     ap.add_argument("--eval-samples", type=int, default=2)

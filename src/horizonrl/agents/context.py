@@ -11,7 +11,8 @@ same for all of them; it asks the manager
   the sampling parameters of the turn, or ``None`` to end the rollout;
 - :meth:`ContextManager.prompt` — the exact token ids the next turn sees;
 - :meth:`ContextManager.commit` — record a finished turn and its observation
-  (may discard it and reconstruct instead).
+  (may discard it and reconstruct instead);
+- :meth:`ContextManager.finalize` — record the turn that ended the episode.
 
 ``before_turn`` and ``commit`` are sub-programs (generators, see
 :mod:`horizonrl.agents.driver`): they ``yield`` generation requests and are
@@ -129,6 +130,15 @@ class ContextManager:
             return None
         return replace(params, max_new_tokens=room)
         yield  # pragma: no cover - makes this a generator
+
+    def finalize(self, ep: Episode, turn: Turn, gen: Generation, result: StepResult) -> None:
+        """Record the turn that ended the episode (``result.done``) and finish the rollout."""
+        turn.observation = result.observation or None
+        ep.segment.turns.append(turn)
+        ep.segment.info["terminal"] = True
+        ep.rollout.success = bool(result.success)
+        ep.rollout.final_answer = result.final_answer
+        finish(ep, "done")
 
     def commit(
         self, ep: Episode, turn: Turn, gen: Generation, result: StepResult, snapshot: Any

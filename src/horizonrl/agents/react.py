@@ -132,11 +132,7 @@ def episode_program(
             result = ep.env.step(gen.text)
         apply_result(turn, result)
         if result.done and not ep.is_child:
-            ep.segment.turns.append(turn)
-            ep.segment.info["terminal"] = True
-            ep.rollout.success = bool(result.success)
-            ep.rollout.final_answer = result.final_answer
-            finish(ep, "done")
+            manager.finalize(ep, turn, gen, result)
             break
         if ep.final_attempt or (result.done and ep.is_child):
             ep.segment.turns.append(turn)
