@@ -19,6 +19,8 @@ import json
 import time
 from pathlib import Path
 
+import torch
+
 from horizonrl.config import load_config
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.recipes import packaged_config, run_sft
@@ -95,7 +97,12 @@ def main() -> None:
     ap.add_argument("--eval-samples", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench_mosaic")
-    results = run(ap.parse_args())
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)"
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    results = run(args)
     print(
         f"\n{'scenario':<11}{'estimator':<11}{'SFT p@1':>8}{'p@1':>7}{'sess/eval':>10}"
         f"{'sess/train':>11}{'succ/train':>11}{'IG s':>7}{'train s':>9}"

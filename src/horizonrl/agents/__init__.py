@@ -18,7 +18,7 @@ from horizonrl.agents.react import LoopLimits, episode_program, run_episodes, st
 from horizonrl.agents.registry import AgentSpec, list_agents, register_agent
 
 # Modules that register context managers and agent kinds.
-from horizonrl.agents import compaction, fork, memory, summary  # noqa: F401  isort: skip
+from horizonrl.agents import compaction, fork, memory, psi, stepwise, summary  # noqa: F401  isort: skip
 
 __all__ = [
     "AgentSpec",

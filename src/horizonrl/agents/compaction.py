@@ -46,6 +46,7 @@ from horizonrl.agents.context import (
     ContextManager,
     Episode,
     SubProgram,
+    generation_turn,
     observation_ids,
     register_context,
 )
@@ -287,13 +288,7 @@ class CompactionContext(ContextManager):
         )
         kept = records[dropped:]
         gen = yield Generate(prompt, sparams, expert=lambda rng, noise: expert_summary(question, kept))
-        turn = Turn(
-            prompt_ids=list(prompt),
-            response_ids=list(gen.ids),
-            logprobs=list(gen.logprobs),
-            response_text=gen.text,
-            truncated=gen.finish_reason == "length",
-        )
+        turn = generation_turn(prompt, gen)
         seg.turns.append(turn)
         summary = extract_summary(gen.text)
         seg.info["accepted"] = summary is not None

@@ -94,6 +94,18 @@ def finish(ep: Episode, termination: str) -> None:
     ep.rollout.reward = float(sum(t.reward for t in ep.rollout.turns))
 
 
+def generation_turn(prompt, gen: Generation, spans=None) -> Turn:
+    """A :class:`Turn` recording one generation exactly: prompt ids, sampled ids, log-probs, text."""
+    return Turn(
+        prompt_ids=list(prompt),
+        response_ids=list(gen.ids),
+        logprobs=list(gen.logprobs),
+        response_text=gen.text,
+        truncated=gen.finish_reason == "length",
+        spans=list(spans or []),
+    )
+
+
 def observation_ids(ep: Episode, turn: Turn, result: StepResult) -> list[int]:
     """Tokens appended after a turn: end-of-turn if generation was cut, then the rendered reply."""
     return list(ep.renderer.end_of_turn_ids(turn.response_ids)) + list(

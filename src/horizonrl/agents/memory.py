@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.agents.context import ContextManager, Episode, SubProgram, register_context
+from horizonrl.agents.context import ContextManager, Episode, SubProgram, generation_turn, register_context
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.react import LoopLimits
 from horizonrl.agents.summary import (
@@ -484,16 +484,7 @@ class MemoryContext(ContextManager):
                 expert=lambda rng, noise: expert_selection(ep),
             )
             n = len(gen.ids)
-            where.turns.append(
-                Turn(
-                    prompt_ids=list(prompt),
-                    response_ids=list(gen.ids),
-                    logprobs=list(gen.logprobs),
-                    response_text=gen.text,
-                    truncated=gen.finish_reason == "length",
-                    spans=[Span("selection", 0, n)] if n else [],
-                )
-            )
+            where.turns.append(generation_turn(prompt, gen, [Span("selection", 0, n)] if n else []))
             entries = parse_selection(gen.text)
         st.reconstructions += 1
         reserve = st.params.max_new_tokens

@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from horizonrl.agents.context import ContextManager, Episode, SubProgram, finish, make_context
+from horizonrl.agents.context import (
+    ContextManager,
+    Episode,
+    SubProgram,
+    finish,
+    generation_turn,
+    make_context,
+)
 from horizonrl.agents.driver import Generate, Program, drive
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.tools import parse_answer
@@ -80,13 +87,7 @@ def start_episode(
 
 
 def make_turn(ep: Episode, prompt: list[int], gen: Generation) -> Turn:
-    return Turn(
-        prompt_ids=list(prompt),
-        response_ids=list(gen.ids),
-        logprobs=list(gen.logprobs),
-        response_text=gen.text,
-        truncated=gen.finish_reason == "length",
-    )
+    return generation_turn(prompt, gen)
 
 
 def apply_result(turn: Turn, result: StepResult) -> None:

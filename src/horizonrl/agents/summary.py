@@ -41,6 +41,7 @@ from horizonrl.agents.context import (
     Episode,
     SubProgram,
     finish,
+    generation_turn,
     register_context,
 )
 from horizonrl.agents.driver import Generate
@@ -289,16 +290,7 @@ class SummaryContext(ContextManager):
             expert=lambda rng, noise: expert_summary(ep),
         )
         n = len(gen.ids)
-        seg.turns.append(
-            Turn(
-                prompt_ids=list(prompt),
-                response_ids=list(gen.ids),
-                logprobs=list(gen.logprobs),
-                response_text=gen.text,
-                truncated=gen.finish_reason == "length",
-                spans=[Span("summary", 0, n)] if n else [],
-            )
-        )
+        seg.turns.append(generation_turn(prompt, gen, [Span("summary", 0, n)] if n else []))
         st.summaries += 1
         text = parse_summary(gen.text)
         if text is None:

@@ -167,8 +167,10 @@ def prompt_observations(rollout: Rollout, *, mode: str = "prompt") -> list[str]:
     i.e. ``o_{i,t}`` of spec/ccpo.md. The agent loop stores on each turn the key
     of the state *after* its action (``Turn.obs_key`` is the environment's reply),
     so turn ``t > 0`` takes the previous turn's ``obs_key`` (or, without one, its
-    observation text); the first turn takes a digest of its prompt ids (the task's
-    initial state: identical prompts give identical keys).
+    observation text); the first turn takes ``rollout.env["initial_obs_key"]`` when the
+    agent recorded it (the environment's key of the reset state, so a later return to
+    that state matches it), else a digest of its prompt ids (identical prompts give
+    identical keys).
     ``mode="turn"``: each turn's own ``obs_key`` (for data whose keys already
     describe the prompt-side state); turns without one fall back to the above.
     """
@@ -184,6 +186,8 @@ def prompt_observations(rollout: Rollout, *, mode: str = "prompt") -> list[str]:
             out.append(prev.obs_key)
         elif prev is not None and prev.observation is not None:
             out.append("text:" + prev.observation)
+        elif prev is None and rollout.env.get("initial_obs_key") is not None:
+            out.append(rollout.env["initial_obs_key"])  # the env's key of the reset state (stepwise agent)
         else:
             out.append(_prompt_key(turn))
     return out

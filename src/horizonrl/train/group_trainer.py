@@ -25,7 +25,7 @@ from horizonrl.envs import get_env
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
-from horizonrl.train import info_gain  # noqa: F401  (registers the gains/scores providers)
+from horizonrl.train import hidden, info_gain  # noqa: F401  (register the feature providers)
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.env_knobs import resolve_knobs

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from horizonrl.agents import LoopLimits
+from horizonrl.agents import AgentSpec, LoopLimits
 from horizonrl.config import RunConfig, load_config
 from horizonrl.envs import get_env
 from horizonrl.inference.base import SamplingParams
@@ -109,18 +109,35 @@ def evaluate_model(cfg: RunConfig, model_dir: str | Path) -> dict[str, float]:
     env_cls = get_env(cfg.env.name)
     tasks = env_cls.make_tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test", **cfg.env.knobs)
     engine = HFEngine(model, tok, device=resolve_device(cfg.model.device), seed=cfg.train.seed + 1_000_003)
+    renderer = ChatRenderer(tok)
+    r = cfg.rollout
+    params = SamplingParams(
+        temperature=cfg.train.eval_temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
+    )
+    limits = LoopLimits(r.max_turns, r.context_budget, r.overflow)
+
+    def make_env():
+        return env_cls(**cfg.env.knobs)
+
+    spec = AgentSpec(
+        renderer=renderer,
+        params=params,
+        limits=limits,
+        context=r.context,
+        context_params=dict(r.context_params),
+        agent_params=dict(r.agent_params),
+        make_env=make_env,
+    )
     return evaluate(
         engine,
-        ChatRenderer(tok),
-        lambda: env_cls(**cfg.env.knobs),
+        renderer,
+        make_env,
         tasks,
         samples=cfg.train.eval_samples,
-        params=SamplingParams(
-            temperature=cfg.train.eval_temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-        ),
-        limits=LoopLimits(cfg.rollout.max_turns, cfg.rollout.context_budget, cfg.rollout.overflow),
+        params=params,
+        limits=limits,
+        agent=r.agent,
+        spec=spec,
     )
 
 

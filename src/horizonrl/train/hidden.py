@@ -1,0 +1,253 @@
+"""CCPO's context states: frozen reference-model hidden states of step prompts (spec/ccpo.md; paper App. C.1).
+
+For every step ``(i, t)`` of the batch::
+
+    h_{i,t} = H_ref(p_{i,t})[L_{i,t} - 1]
+
+the final-layer hidden state (after the model's final norm, i.e. HF's
+``hidden_states[-1]``) at the last token of the step's exact prompt ids
+``p_{i,t}`` (``Turn.prompt_ids``, length ``L_{i,t}``) under the frozen reference
+policy ``pi_ref``: the trainer's ``ref_model`` when it has one (KL > 0), else a
+frozen copy of the initial policy made once and kept on the trainer
+(``trainer._ccpo_ref``). No gradient flows (``torch.inference_mode``).
+
+Cost: only the *unique* prompts of the batch that are not in the cache run, in
+length-sorted, right-padded micro-batches of at most ``algo.micro_batch_tokens``
+padded tokens (right padding with a causal mask leaves every real position
+exactly as in an unpadded forward). ``pi_ref`` never changes, so states are kept
+in an LRU cache keyed by the prompt's token tuple (:class:`HiddenStateCache`,
+``CACHE_ENTRIES`` entries) across steps: with step-wise prompts every group's
+first step shares one prompt, and repeated tasks repeat their early steps.
+
+The provider returns ``[N, D]`` float32 rows aligned with
+:func:`horizonrl.credit.ccpo_features.step_batch_from_groups` (rollouts of the
+groups in order, turns in order) and adds to ``trainer.extra_metrics``:
+``ccpo/hidden_s`` (seconds), ``ccpo/cache_hit_rate`` (share of the batch's unique
+prompts found in the cache), ``ccpo/unique_prompt_rate`` (unique prompts / rows),
+``ccpo/forward_prompts``, ``ccpo/supported_rate`` (rows with any peer: another
+trajectory of the same task has steps, or any row without self-exclusion) and
+``ccpo/exact_peer_rate`` (rows with an exact-observation peer in another
+trajectory; the rest of the supported rows use the task fallback).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from horizonrl.credit.ccpo_features import step_batch_from_groups
+from horizonrl.train.batching import micro_batches
+from horizonrl.train.features import register_feature
+from horizonrl.trajectory import Group
+
+CACHE_ENTRIES = 16_384  # 6,400 steps per batch at the paper's scale (16 x 8 x 50); ~100 MB at D = 1,536
+DEFAULT_TOKEN_BUDGET = 8192
+
+PromptKey = tuple[int, ...]
+
+
+class HiddenStateCache:
+    """LRU map ``prompt token tuple -> float32 state [D]`` with hit/miss counters."""
+
+    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"HiddenStateCache.max_entries must be a positive integer, got {max_entries!r}")
+        self.max_entries = max_entries
+        self._data: OrderedDict[PromptKey, np.ndarray] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.model_id: int | None = None  # id() of the reference model the states belong to
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: PromptKey) -> bool:
+        return key in self._data
+
+    def get(self, key: PromptKey) -> np.ndarray | None:
+        """The cached state (marked most recently used), counting a hit or a miss."""
+        value = self._data.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._data.move_to_end(key)
+        return value
+
+    def put(self, key: PromptKey, value: np.ndarray) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def last_token_states(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int = 0,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+) -> np.ndarray:
+    """``[len(prompts), D]`` float32: final-layer hidden state at each prompt's last token (no gradient).
+
+    Prompts run length-sorted in right-padded micro-batches of at most
+    ``token_budget`` padded tokens; the decoder stack (``model.base_model``) is
+    called directly so no vocabulary logits are computed.
+    """
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("last_token_states: every prompt needs at least one token, got an empty prompt")
+    if not prompts:
+        return np.zeros((0, 0), dtype=np.float32)
+    device = _device(model)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    lengths = [len(prompts[i]) for i in order]
+    out: list[np.ndarray | None] = [None] * len(prompts)
+    base = getattr(model, "base_model", None)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for chunk in micro_batches(lengths, token_budget):
+                idx = [order[c] for c in chunk]
+                width = max(len(prompts[i]) for i in idx)
+                ids = torch.full((len(idx), width), int(pad_id), dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for row, i in enumerate(idx):
+                    ids[row, : len(prompts[i])] = torch.as_tensor(list(prompts[i]), dtype=torch.long)
+                    mask[row, : len(prompts[i])] = 1
+                ids, mask = ids.to(device), mask.to(device)
+                if base is not None and base is not model:
+                    h = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+                else:
+                    h = model(
+                        input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False
+                    ).hidden_states[-1]
+                last = mask.sum(dim=1) - 1
+                rows = h[torch.arange(len(idx), device=device), last].float().cpu().numpy()
+                for row, i in enumerate(idx):
+                    out[i] = rows[row]
+    finally:
+        if was_training:
+            model.train()
+    return np.stack(out).astype(np.float32, copy=False)
+
+
+def reference_model(trainer: Any) -> torch.nn.Module:
+    """``pi_ref``: ``trainer.ref_model``, else a frozen initial policy cached as ``trainer._ccpo_ref``.
+
+    The copy is made from ``trainer.model`` on the first call of a fresh run (step
+    0, before any update). A run resumed past step 0 without a reference model
+    reloads its starting weights (``train.init`` or the base model) instead.
+    """
+    ref = getattr(trainer, "ref_model", None)
+    if ref is not None:
+        return ref
+    ref = getattr(trainer, "_ccpo_ref", None)
+    if ref is None:
+        if getattr(trainer, "step", 0) > 0 and getattr(trainer, "cfg", None) is not None:
+            from horizonrl.train.bootstrap import load_policy
+
+            cfg = trainer.cfg
+            ref, _ = load_policy(cfg.model, init=cfg.train.init, work_dir=trainer.run_dir)
+            ref = ref.to(_device(trainer.model))
+        else:
+            ref = copy.deepcopy(trainer.model)
+        ref = ref.eval().requires_grad_(False)
+        trainer._ccpo_ref = ref
+    return ref
+
+
+def _cache_for(trainer: Any, model: torch.nn.Module) -> HiddenStateCache:
+    """The trainer's cache for ``model`` (a new one if the reference model changed)."""
+    cache = getattr(trainer, "_ccpo_hidden_cache", None)
+    if cache is None or cache.model_id != id(model):
+        cache = HiddenStateCache(getattr(trainer, "ccpo_cache_entries", CACHE_ENTRIES))
+        cache.model_id = id(model)
+        trainer._ccpo_hidden_cache = cache
+    return cache
+
+
+def step_prompts(groups: Sequence[Group]) -> list[PromptKey]:
+    """Every turn's prompt ids as a tuple, in :func:`step_batch_from_groups` row order."""
+    return [tuple(t.prompt_ids) for g in groups for r in g.rollouts for t in r.turns]
+
+
+def hidden_states(trainer: Any, groups: Sequence[Group]) -> tuple[np.ndarray, dict[str, float]]:
+    """``([N, D] float32 states, stats)`` for the steps of ``groups`` (module docstring)."""
+    model = reference_model(trainer)
+    cache = _cache_for(trainer, model)
+    prompts = step_prompts(groups)
+    unique = list(dict.fromkeys(prompts))
+    found = {k: v for k in unique if (v := cache.get(k)) is not None}
+    missing = [k for k in unique if k not in found]
+    cfg = getattr(trainer, "cfg", None)
+    budget = cfg.algo.micro_batch_tokens if cfg is not None else DEFAULT_TOKEN_BUDGET
+    tok = getattr(trainer, "tokenizer", None)
+    pad_id = (getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
+    if missing:
+        states = last_token_states(model, missing, pad_id=pad_id, token_budget=budget)
+        for k, v in zip(missing, states, strict=True):
+            found[k] = v = v.copy()
+            cache.put(k, v)
+    if prompts:
+        out = np.stack([found[k] for k in prompts]).astype(np.float32, copy=False)
+    else:
+        out = np.zeros((0, int(getattr(model.config, "hidden_size", 0))), dtype=np.float32)
+    stats = {
+        "ccpo/cache_hit_rate": (len(unique) - len(missing)) / max(len(unique), 1),
+        "ccpo/unique_prompt_rate": len(unique) / max(len(prompts), 1),
+        "ccpo/forward_prompts": float(len(missing)),
+    }
+    return out, stats
+
+
+def support_rates(groups: Sequence[Group], *, exclude_self: bool = True, observation: str = "prompt"):
+    """``(supported_rate, exact_peer_rate)`` of the step rows, as :func:`~horizonrl.credit.contextual_credit`
+    decides support: an exact peer is a same-task row with the same observation in another trajectory
+    (any row, itself included, without self-exclusion); otherwise any same-task row of another trajectory."""
+    steps = step_batch_from_groups(groups, observation=observation)
+    n = len(steps)
+    if n == 0:
+        return 0.0, 0.0
+    if not exclude_self:
+        return 1.0, 1.0
+    trajs_of_task: dict[Any, set] = {}
+    trajs_of_obs: dict[tuple, set] = {}
+    for task, traj, obs in zip(steps.task_ids, steps.trajectory_ids, steps.observations, strict=True):
+        trajs_of_task.setdefault(task, set()).add(traj)
+        trajs_of_obs.setdefault((task, obs), set()).add(traj)
+    supported = sum(len(trajs_of_task[t]) > 1 for t in steps.task_ids)
+    exact = sum(
+        len(trajs_of_obs[(t, o)]) > 1 for t, o in zip(steps.task_ids, steps.observations, strict=True)
+    )
+    return supported / n, exact / n
+
+
+@register_feature("hidden")
+def hidden(trainer: Any, groups: Sequence[Group], params: dict[str, Any]) -> np.ndarray:
+    """CCPO's ``hidden=[N, D]`` input (module docstring); logs ``ccpo/*`` into ``trainer.extra_metrics``."""
+    t0 = time.perf_counter()
+    out, stats = hidden_states(trainer, groups)
+    sup, exact = support_rates(
+        groups,
+        exclude_self=bool(params.get("exclude_self", True)),
+        observation=params.get("observation", "prompt"),
+    )
+    stats.update({"ccpo/supported_rate": sup, "ccpo/exact_peer_rate": exact})
+    stats["ccpo/hidden_s"] = time.perf_counter() - t0
+    metrics = getattr(trainer, "extra_metrics", None)
+    if metrics is None:
+        metrics = {}
+        trainer.extra_metrics = metrics
+    metrics.update(stats)
+    return out
