@@ -44,10 +44,9 @@ class SeeUPOTrainer(ReverseTurnTrainer):
         return min(self.cfg.rollout.tasks_per_step, len(self.train_tasks)) * self.cfg.rollout.group_size
 
     def begin_sweep(self, tasks: list[int]) -> Sweep:
-        g = self.cfg.rollout.group_size
-        made = [self.fresh_episode(i, f"it{self.iteration}-{i}-{j}") for i in tasks for j in range(g)]
-        chains = self.run_programs(made)
         n = self.cfg.rollout.group_size
+        made = [self.fresh_episode(i, f"it{self.iteration}-{i}-{j}") for i in tasks for j in range(n)]
+        chains = self.run_programs(made)
         groups = [chains[g * n : (g + 1) * n] for g in range(len(tasks))]
         flats = [flat_prompts(agent_turns(c), self.renderer) for c in chains]
         horizon = max((len(agent_turns(c)) for c in chains), default=0)
@@ -71,11 +70,11 @@ class SeeUPOTrainer(ReverseTurnTrainer):
             if not members:
                 continue
             rewards = np.array([chains[i].reward for i in members], dtype=np.float64)
-            if first:
-                w = np.ones(len(members))
-            else:
+            adv = credit.group_advantage(rewards)
+            w = np.ones(len(members))
+            if not first and np.any(adv):  # downstream turns already updated in this sweep
                 w = np.array(self.trajectory_weights([downstream_turns(chains[i], k) for i in members]))
-            adv = w * credit.group_advantage(rewards)
+            adv = w * adv
             for i, a in zip(members, adv, strict=True):
                 items.append((agent_turns(chains[i])[k], flats[i][k], float(a)))
             reward_sets.append(rewards)
