@@ -55,12 +55,13 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.agents.context import ContextManager, Episode, SubProgram, generation_turn, register_context
+from horizonrl.agents.context import Episode, SubProgram, generation_turn, register_context
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.react import LoopLimits
 from horizonrl.agents.summary import (
     STATE_KEY,
     MessageContext,
+    MessageManager,
     base_metrics,
     collapse,
     end_overlong,
@@ -300,7 +301,7 @@ def _quote(text: str) -> str:
 
 
 @register_context("memory")
-class MemoryContext(ContextManager):
+class MemoryContext(MessageManager):
     """ECHO turn memory (see the module docstring for the protocol and the parameters)."""
 
     needs_rollback = True
@@ -377,13 +378,6 @@ class MemoryContext(ContextManager):
         self._take_finding(ep, turn, gen, action=False)
         super().finalize(ep, turn, gen, result)
         self._metrics(ep)
-
-    def before_turn(self, ep: Episode, params: SamplingParams) -> SubProgram:
-        ep.state[STATE_KEY].params = params
-        ep.state["phase"] = "turn"
-        out = yield from super().before_turn(ep, params)
-        self._metrics(ep)
-        return out
 
     def commit(
         self, ep: Episode, turn: Turn, gen: Generation, result: StepResult, snapshot: Any

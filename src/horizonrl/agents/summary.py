@@ -203,8 +203,23 @@ class _SupoState:
     summaries: int = 0
 
 
+class MessageManager(ContextManager):
+    """Shared turn bookkeeping of the message-based managers (SUPO summary, ECHO memory):
+    remember the turn's sampling parameters, mark the ``turn`` phase, refresh the metrics."""
+
+    def _metrics(self, ep: Episode) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def before_turn(self, ep: Episode, params: SamplingParams) -> SubProgram:
+        ep.state[STATE_KEY].params = params
+        ep.state["phase"] = "turn"
+        out = yield from super().before_turn(ep, params)
+        self._metrics(ep)
+        return out
+
+
 @register_context("summary")
-class SummaryContext(ContextManager):
+class SummaryContext(MessageManager):
     """SUPO rolling summary (see the module docstring).
 
     Parameters (``rollout.context_params``): ``max_summaries`` (``S``), ``summary_tokens`` (the summary
@@ -242,13 +257,6 @@ class SummaryContext(ContextManager):
 
     def prompt(self, ep: Episode) -> list[int]:
         return ep.context
-
-    def before_turn(self, ep: Episode, params: SamplingParams) -> SubProgram:
-        ep.state[STATE_KEY].params = params
-        ep.state["phase"] = "turn"
-        out = yield from super().before_turn(ep, params)
-        self._metrics(ep)
-        return out
 
     def commit(
         self, ep: Episode, turn: Turn, gen: Generation, result: StepResult, snapshot: Any
