@@ -14,6 +14,7 @@ from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS
 from horizonrl.train.metrics import read_metrics
 from horizonrl.train.rtpo_trainer import RTPOTrainer, agent_turns, downstream_turns
 from horizonrl.train.seeupo import SeeUPOTrainer
+from horizonrl.train.update import consistency_metrics
 from horizonrl.trajectory import read_jsonl
 
 
@@ -55,8 +56,8 @@ def _rigged(trainer):
     """Trunks get reward 1; sibling 0 of every boundary gets 1, the others 0 (so A = [+1/2, -1/2])."""
     original = trainer.run_programs
 
-    def run(made):
-        out = original(made)
+    def run(made, kind="stage"):
+        out = original(made, kind)
         for r in out:
             r.reward = 1.0 if r.branch is None or r.uid.endswith("-0") else 0.0
         return out
@@ -150,11 +151,14 @@ def test_off_policy_weights_are_the_clamped_downstream_ratio(tiny_model_dir, tmp
     t.sync_engine()
     t.sweep = t.begin_sweep([0, 1])
     assert len(t.sweep.stages) >= 2
-    budget = dict(t.budget)
+    budget = (t.budget.spent, t.budget.rollouts)
     t.update(t.stage_batch(t.sweep.stages.pop(0))["rows"])  # changes theta away from theta_0
     k = t.sweep.stages[0]
     batch = t.stage_batch(k)
-    assert t.budget == budget  # reused continuations: nothing generated after phase 1
+    assert (
+        t.budget.spent,
+        t.budget.rollouts,
+    ) == budget  # reused continuations: nothing generated after phase 1
     assert not batch["fresh"]
     raw = []
     for sib in batch["rollouts"]:
@@ -182,7 +186,7 @@ def test_flat_mode_shows_the_mismatch_that_exact_contexts_remove(tiny_model_dir,
         t.sync_engine()
         t.sweep = t.begin_sweep([0, 1])
         batch = t.stage_batch(min(t.sweep.stages[:2]))
-        ratios[flat] = t.consistency(batch["rows"])["train/ratio_max_abs_log"]
+        ratios[flat] = consistency_metrics(batch["rows"], t.scored(batch["rows"]))["train/ratio_max_abs_log"]
     assert ratios[False] < 1e-3 < ratios[True]
 
 
@@ -222,7 +226,7 @@ def test_k3_run_completes_and_resumes_from_a_checkpoint_between_stages(tiny_mode
 def test_budget_cap_stops_before_a_stage_would_exceed_it(tiny_model_dir, tmp_path):
     t = RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "rtpo.max_rollouts=5", "train.steps=3"))
     records = t.fit()
-    assert t.budget["rollouts"] <= 5 and records[-1]["budget/rollouts"] == t.budget["rollouts"]
+    assert t.budget.rollouts <= 5 and records[-1]["budget/rollouts"] == t.budget.rollouts
     assert t.iteration == 0 and t.sweep is not None  # the sweep stopped inside the first iteration
 
 

@@ -57,6 +57,44 @@ def _cmd_quickstart(args) -> int:
     return 0
 
 
+def _cmd_reproduce(args) -> int:
+    from pathlib import Path
+
+    from horizonrl.reproduce import GateError, Settings, get_paper, list_papers, reproduce
+
+    if args.name in (None, "list"):
+        for name in list_papers():
+            p = get_paper(name)
+            print(f"{name:10s} {p.title} ({len(p.arms)} arms: {', '.join(a.name for a in p.arms)})")
+        return 0
+    paper = get_paper(args.name)
+    settings = Settings(
+        seeds=args.seeds if args.seeds is not None else paper.seeds,
+        jobs=args.jobs,
+        out=Path(args.out),
+        arms=tuple(a for a in args.arms.split(",") if a) if args.arms else None,
+        overrides=tuple(args.set or ()),
+        budget_tokens=args.budget,
+        eval_tasks=args.eval_tasks,
+        force=args.force,
+    )
+    if settings.arms:
+        for a in settings.arms:
+            paper.arm(a)  # KeyError naming the known arms
+    try:
+        reproduce(
+            paper,
+            settings,
+            results_dir=None if args.results in ("", "none") else Path(args.results),
+            command="horizonrl reproduce " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.name]),
+            report_only=args.report_only,
+        )
+    except GateError as e:
+        print(f"horizonrl reproduce: refused: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def _cmd_view(args) -> int:
     from horizonrl.trajectory import read_jsonl
 
@@ -177,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/quickstart")
     sp.add_argument("overrides", nargs="*", help="section.field=value overrides of the quickstart config")
     sp.set_defaults(fn=_cmd_quickstart)
+
+    sp = sub.add_parser("reproduce", help="seeded paired reproduction of a paper's comparison")
+    sp.add_argument("name", nargs="?", default=None, help="rtpo | ccpo | mosaic | echo (omit to list)")
+    sp.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: the paper's, 5)")
+    sp.add_argument("--jobs", type=int, default=1, help="arm-seed runs in parallel (one torch thread each)")
+    sp.add_argument("--arms", default=None, help="comma-separated subset of the arms")
+    sp.add_argument("--out", default="runs/reproduce", help="where runs and the cached warm start live")
+    sp.add_argument("--results", default="docs/results", help="where NAME.md/.json/.png go ('none': skip)")
+    sp.add_argument("--budget", type=int, default=None, help="generated tokens per arm-seed")
+    sp.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per evaluation")
+    sp.add_argument("--set", action="append", help="section.field=value applied to every stage (repeatable)")
+    sp.add_argument("--force", action="store_true", help="run even if the warm-start gate or a check fails")
+    sp.add_argument("--report-only", action="store_true", help="rebuild the page from finished runs")
+    sp.set_defaults(fn=_cmd_reproduce)
 
     sp = sub.add_parser("view", help="print rollouts from a rollouts/*.jsonl file")
     sp.add_argument("file")

@@ -82,7 +82,15 @@ class ModelConfig(_Section):
     tiny_layers: int = opt(4, "tiny model: transformer layers", gt=0)
     tiny_vocab: int = opt(768, "tiny model: BPE vocabulary size of the trained tokenizer", ge=300)
     tiny_pretrain_steps: int = opt(
-        800, "tiny model: steps of synthetic in-context copy pretraining after initialisation", ge=0
+        3000,
+        "tiny model: at most this many steps of synthetic in-context copy pretraining after "
+        "initialisation (it stops early once the copy loss has converged)",
+        ge=0,
+    )
+    tiny_pretrain_lr: float = opt(
+        1e-3,
+        "tiny model: peak learning rate of the copy pretraining (3e-3 fails to converge on some CPUs)",
+        gt=0.0,
     )
     seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus")
 
@@ -156,6 +164,27 @@ class AlgoConfig(_Section):
     ppo_epochs: int = opt(1, "passes over each batch of rollouts", ge=1)
     mini_batches: int = opt(1, "optimizer steps per epoch (rows split evenly)", ge=1)
     micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward micro-batch", ge=64)
+    old_logprobs: str = opt(
+        "rollout",
+        "PPO's pi_old: 'rollout' (the log-probs the rollout engine recorded) or 'recompute' (one no-grad "
+        "pass of the training model over the training rows before the update, as verl does; differs "
+        "from 'rollout' when rows are not the contexts the turns were sampled under, or with a second "
+        "engine)",
+        choices=("rollout", "recompute"),
+    )
+    logprob_clip: float | None = opt(
+        None,
+        "clamp per-token log-probs (new and old) to [-c, c] before the PPO ratio "
+        "(losses.policy_loss); null = off (RTPO paper E.3: 10)",
+        gt=0.0,
+    )
+    train_context: str = opt(
+        "exact",
+        "what each turn is trained under: 'exact' (the context it was sampled from, Turn.prompt_ids) or "
+        "'flat' (the concatenated full history, as flattened GRPO does under a conditioning map psi; RTPO "
+        "paper Eq. 1-2)",
+        choices=("exact", "flat"),
+    )
 
 
 @dataclass(frozen=True)
@@ -189,9 +218,26 @@ class TrainConfig(_Section):
     eval_every: int = opt(0, "evaluate every N steps (0 = only before and after training)", ge=0)
     eval_samples: int = opt(4, "samples per held-out task (pass@1 averages them; pass@k uses all)", ge=1)
     eval_temperature: float = opt(1.0, "sampling temperature at evaluation", gt=0.0)
+    eval_seed: int | None = opt(
+        None,
+        "seed of evaluation sampling (null: train.seed + 1000003); fix it to evaluate runs of different "
+        "seeds on the same draws",
+    )
+    eval_at_start: bool = opt(True, "evaluate before the first step of a fresh run")
     save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", ge=0)
     keep_checkpoints: int = opt(2, "checkpoints kept on disk", ge=1)
     save_rollouts: bool = opt(True, "write each step's rollouts to rollouts/step_N.jsonl")
+    max_gen_tokens: int = opt(
+        0,
+        "generation budget in generated tokens (all engine calls; 0 = none): a phase predicted to overrun "
+        "it does not start, and generation is clipped so the budget is never exceeded (train/budget.py)",
+        ge=0,
+    )
+    eval_fractions: list = opt(
+        [],
+        "also evaluate once each of these fractions of the run is done (of train.max_gen_tokens when set, "
+        "else of train.steps), e.g. [0.5]",
+    )
     tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
     progress: bool = opt(True, "show a progress bar")
 
@@ -236,9 +282,15 @@ class RTPOConfig(_Section):
         "siblings, or SeeUPO chains) past this; 0 = no cap (match a GRPO run: steps x tasks x G)",
         ge=0,
     )
-    max_gen_tokens: int = opt(
-        0, "generation budget: end the run once this many tokens have been generated; 0 = no cap", ge=0
-    )
+
+
+@dataclass(frozen=True)
+class InferenceConfig(_Section):
+    """The rollout engine (DESIGN.md "Engines"; :mod:`horizonrl.inference.registry`)."""
+
+    _prefix = "inference."
+    engine: str = opt("hf", "rollout engine: 'hf' (embedded, shares the training model) or 'vllm'")
+    params: dict = opt({}, "keyword parameters of the engine (e.g. vLLM's gpu_memory_utilization)")
 
 
 @dataclass(frozen=True)
@@ -266,6 +318,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimizer"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training loop"})
     rtpo: RTPOConfig = field(default_factory=RTPOConfig, metadata={"help": "reverse-turn training"})
+    inference: InferenceConfig = field(default_factory=InferenceConfig, metadata={"help": "rollout engine"})
     sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "supervised warm start"})
 
     def to_dict(self) -> dict[str, Any]:

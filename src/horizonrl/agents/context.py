@@ -35,14 +35,26 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
 
-if TYPE_CHECKING:
-    from horizonrl.agents.react import LoopLimits
+
+@dataclass(frozen=True)
+class LoopLimits:
+    """Limits of one rollout (see ``RolloutConfig`` for the help of each field)."""
+
+    max_turns: int = 6
+    context_budget: int = 1024
+    overflow: str = "truncate"  # truncate | fail
+
+    def __post_init__(self) -> None:
+        if self.overflow not in ("truncate", "fail"):
+            raise ValueError(f"LoopLimits.overflow={self.overflow!r}: must be 'truncate' or 'fail'")
+        if self.max_turns < 1:
+            raise ValueError(f"LoopLimits.max_turns={self.max_turns!r}: must be >= 1")
 
 
 @dataclass
@@ -103,6 +115,7 @@ def generation_turn(prompt, gen: Generation, spans=None) -> Turn:
         response_text=gen.text,
         truncated=gen.finish_reason == "length",
         spans=list(spans or []),
+        temperature=gen.meta.get("temperature"),
     )
 
 

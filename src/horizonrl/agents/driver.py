@@ -93,6 +93,8 @@ def drive(engine: Engine, programs: Sequence[Program]) -> list[Any]:
                 gens = engine.generate([list(t.request.prompt_ids) for t in tasks], params)
             if len(gens) != len(tasks):
                 raise RuntimeError(f"engine returned {len(gens)} generations for {len(tasks)} prompts")
+            for g in gens:  # the temperature the log-probs are of (Turn.temperature)
+                g.meta.setdefault("temperature", params.temperature)
             ready.extend(zip(tasks, gens, strict=True))
     return [t.result for t in roots]
 

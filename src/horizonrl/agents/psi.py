@@ -46,6 +46,7 @@ sibling from it, so it continues exactly where the trunk stood.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import re
 from collections.abc import Sequence
@@ -265,6 +266,24 @@ def flat_prompts(turns: Sequence[Turn], renderer, *, start: Sequence[int] | None
             + list(renderer.continuation_ids(obs))
         )
     return out
+
+
+def flat_view(rollout: Rollout, renderer) -> Rollout:
+    """A copy of ``rollout`` whose agent session's turns carry their flat history ``S_k`` as prompt.
+
+    What flattened-history training (GRPO in the RTPO paper, Eq. 1-2) conditions on;
+    the turns' sampled ids and rollout log-probs are unchanged, so the rows of the
+    copy train each response under ``S_k`` with ``pi_old`` as recorded under ``c_k``.
+    Other sessions (policy-written summaries) keep their own prompts.
+    """
+    if not rollout.segments:
+        return rollout
+    agent = rollout.segments[0]
+    flats = flat_prompts(agent.turns, renderer)
+    turns = [dataclasses.replace(t, prompt_ids=f) for t, f in zip(agent.turns, flats, strict=True)]
+    return dataclasses.replace(
+        rollout, segments=[dataclasses.replace(agent, turns=turns), *rollout.segments[1:]]
+    )
 
 
 # ---------------------------------------------------------------- boundary states S_k

@@ -19,11 +19,11 @@ call per turn (:func:`horizonrl.agents.driver.drive`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from horizonrl.agents.context import (
     ContextManager,
     Episode,
+    LoopLimits,
     SubProgram,
     finish,
     generation_turn,
@@ -36,21 +36,6 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
 
 ToolHandler = Callable[[Episode, Generation], SubProgram]
-
-
-@dataclass(frozen=True)
-class LoopLimits:
-    """Limits of one rollout (see ``RolloutConfig`` for the help of each field)."""
-
-    max_turns: int = 6
-    context_budget: int = 1024
-    overflow: str = "truncate"  # truncate | fail
-
-    def __post_init__(self) -> None:
-        if self.overflow not in ("truncate", "fail"):
-            raise ValueError(f"LoopLimits.overflow={self.overflow!r}: must be 'truncate' or 'fail'")
-        if self.max_turns < 1:
-            raise ValueError(f"LoopLimits.max_turns={self.max_turns!r}: must be >= 1")
 
 
 def system_message(env: Env) -> dict[str, str]:

@@ -27,6 +27,7 @@ class RowBatch:
     advantages: torch.Tensor
     turn_ids: torch.Tensor
     rollout_ids: torch.Tensor
+    temperatures: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -49,6 +50,7 @@ def collate(rows: Sequence[Row], *, pad_id: int = 0, pad_to: int | None = None) 
     old = torch.zeros((B, T - 1), dtype=torch.float32)
     adv = torch.zeros((B, T - 1), dtype=torch.float32)
     turn = torch.full((B, T - 1), -1, dtype=torch.long)
+    temp = torch.ones((B, T - 1), dtype=torch.float32)
     rid = torch.tensor([r.rollout_index for r in rows], dtype=torch.long)
     for b, r in enumerate(rows):
         n = len(r)
@@ -59,7 +61,8 @@ def collate(rows: Sequence[Row], *, pad_id: int = 0, pad_to: int | None = None) 
         old[b, : n - 1] = torch.tensor(r.old_logprobs[1:], dtype=torch.float32)
         adv[b, : n - 1] = torch.tensor(r.advantages[1:], dtype=torch.float32)
         turn[b, : n - 1] = torch.tensor(r.turn_ids[1:], dtype=torch.long)
-    return RowBatch(ids, att, tgt, mask, old, adv, turn, rid)
+        temp[b, : n - 1] = torch.tensor(r.temperatures[1:], dtype=torch.float32)
+    return RowBatch(ids, att, tgt, mask, old, adv, turn, rid, temp)
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -81,13 +84,19 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return chunks
 
 
-def token_logprobs(model: torch.nn.Module, batch: RowBatch, *, temperature: float = 1.0) -> torch.Tensor:
-    """Log-prob of each target token under ``model`` with temperature-scaled logits, ``[B, T-1]``."""
+def token_logprobs(model: torch.nn.Module, batch: RowBatch) -> torch.Tensor:
+    """Log-prob of each target token under ``model``, ``[B, T-1]``.
+
+    Logits are divided by each position's temperature (``batch.temperatures``: the
+    temperature the token was sampled at), so the result is the log-prob of the
+    distribution the rollout engine sampled from.
+    """
     T = int(batch.attention_mask.sum(1).max())
     out = model(input_ids=batch.input_ids[:, :T], attention_mask=batch.attention_mask[:, :T], use_cache=False)
     logits = out.logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    temps = batch.temperatures[:, : T - 1]
+    if bool((temps != 1.0).any()):
+        logits = logits / temps.unsqueeze(-1)
     # gather - logsumexp: one [B, T, V] tensor (the logits) instead of two (logits + log-softmax).
     picked = torch.gather(logits, -1, batch.targets[:, : T - 1].unsqueeze(-1)).squeeze(-1)
     lp = picked - torch.logsumexp(logits, dim=-1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from horizonrl.config import ModelConfig
 from horizonrl.envs import get_env
 from horizonrl.envs.base import Env, Task
-from horizonrl.train.pretrain import copy_pretrain
+from horizonrl.train.pretrain import copy_converged, copy_pretrain
 
 
 def expert_demo(env: Env, task: Task, rng: random.Random, *, noise: float, max_turns: int) -> dict[str, Any]:
@@ -114,9 +115,28 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
         seed=cfg.seed,
     )
     model = build_tiny_model(tok, tcfg)
+    report: dict[str, Any] = {"steps": 0}
     if cfg.tiny_pretrain_steps:
-        copy_pretrain(model, vocab_size=len(tok), steps=cfg.tiny_pretrain_steps, seed=cfg.seed)
+        losses = copy_pretrain(
+            model, vocab_size=len(tok), steps=cfg.tiny_pretrain_steps, lr=cfg.tiny_pretrain_lr, seed=cfg.seed
+        )
+        tail = losses[-50:]
+        report = {
+            "steps": len(losses),
+            "max_steps": cfg.tiny_pretrain_steps,
+            "lr": cfg.tiny_pretrain_lr,
+            "final_loss": sum(tail) / len(tail),
+            "converged": copy_converged(losses),
+        }
+        if not report["converged"] and cfg.tiny_pretrain_steps >= 1000:
+            warnings.warn(
+                f"tiny model: copy pretraining did not converge in {len(losses)} steps (final loss "
+                f"{report['final_loss']:.2f}); the model cannot copy from its context and SFT/RL will "
+                "learn little. Raise model.tiny_pretrain_steps or lower model.tiny_pretrain_lr.",
+                stacklevel=2,
+            )
     save_model_and_tokenizer(model, tok, out_dir)
+    (Path(out_dir) / "pretrain.json").write_text(json.dumps(report, indent=2) + "\n")
     return model, tok
 
 

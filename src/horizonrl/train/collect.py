@@ -109,12 +109,19 @@ def evaluate(
     limits: LoopLimits,
     agent: str = "react",
     spec: AgentSpec | None = None,
+    per_task: list[int] | None = None,
 ) -> dict[str, float]:
-    """Held-out evaluation: ``samples`` rollouts per task, pass@1 and pass@samples."""
+    """Held-out evaluation: ``samples`` rollouts per task, pass@1 and pass@samples.
+
+    With ``per_task`` (a list) the number of successes of each task is appended to it,
+    in task order (paired comparisons and task bootstraps need them).
+    """
     groups = collect_groups(
         engine, renderer, make_env, tasks, samples, params, limits, tag="eval", agent=agent, spec=spec
     )
     correct = [sum(r.success for r in g.rollouts) for g in groups]
+    if per_task is not None:
+        per_task.extend(correct)
     out = {
         "eval/pass@1": float(np.mean([pass_at_k(samples, c, 1) for c in correct])),
         f"eval/pass@{samples}": float(np.mean([pass_at_k(samples, c, samples) for c in correct])),

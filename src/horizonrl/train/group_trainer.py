@@ -2,12 +2,21 @@
 
 One step (DESIGN.md, ``train/``): sample ``tasks_per_step`` tasks, collect ``G``
 rollouts each with the batched agent loop, ask the configured credit estimator
-for per-token advantages, build rows, run the PPO update, log, checkpoint.
+for per-token advantages, build rows, run the PPO update, log, checkpoint. The
+run loop itself (evaluation, logging, checkpoints) is :class:`~horizonrl.train.base.Trainer`'s.
+
+With ``algo.train_context: flat`` each agent turn is trained under its flat
+history ``S_k`` instead of the context it was sampled from (flattened GRPO, the
+RTPO paper's baseline; :func:`horizonrl.agents.psi.flat_view`). With
+``train.max_gen_tokens`` the run ends before a step predicted to overrun the
+budget, and a step the budget cut short is discarded untrained
+(:mod:`horizonrl.train.budget`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
 import time
@@ -19,14 +28,17 @@ import torch
 
 from horizonrl import credit
 from horizonrl.agents import LoopLimits
+from horizonrl.agents.psi import flat_view
 from horizonrl.agents.registry import AgentSpec, check_agent_params
 from horizonrl.config import RunConfig, save_config
 from horizonrl.envs import get_env
-from horizonrl.inference import HFEngine, SamplingParams
+from horizonrl.inference import SamplingParams, make_engine
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train import hidden, info_gain  # noqa: F401  (register the feature providers)
+from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
+from horizonrl.train.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.env_knobs import resolve_knobs
 from horizonrl.train.features import compute_features
@@ -51,7 +63,7 @@ def _lr_lambda(warmup: int, total: int, schedule: str):
 
 
 @register_trainer("group")
-class GroupTrainer:
+class GroupTrainer(Trainer):
     """Owns the policy, engine, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
@@ -78,13 +90,11 @@ class GroupTrainer:
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
         self.renderer = ChatRenderer(self.tokenizer)
-        self.engine = HFEngine(
-            self.model,
-            self.tokenizer,
-            device=self.device,
-            max_batch_size=cfg.rollout.max_batch_size,
-            seed=cfg.train.seed,
-        )
+        self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
+        self.evals_done: list[float] = []
+        self.engine = self.make_engine(shared=True)
+        #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
+        self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
         if cfg.algo.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -122,8 +132,9 @@ class GroupTrainer:
             ppo_epochs=cfg.algo.ppo_epochs,
             mini_batches=cfg.algo.mini_batches,
             micro_batch_tokens=cfg.algo.micro_batch_tokens,
-            temperature=cfg.rollout.temperature,
             grad_clip=o.grad_clip,
+            old_logprobs=cfg.algo.old_logprobs,
+            logprob_clip=cfg.algo.logprob_clip,
         )
         resume_step = None
         if resume:
@@ -145,6 +156,8 @@ class GroupTrainer:
             "shuffle_gen": self.shuffle_gen.get_state(),
             "engine_rng": self.engine.rng_state(),
             "global_rng": ckpt.rng_state(),
+            "budget": self.budget.state(),
+            "evals_done": list(self.evals_done),
         }
 
     def save(self) -> Path:
@@ -167,8 +180,23 @@ class GroupTrainer:
         self.engine.set_rng_state(st["engine_rng"])
         ckpt.set_rng_state(st["global_rng"])
         self.step = int(st["step"])
+        self.budget.load(st.get("budget", {}))
+        self.evals_done = list(st.get("evals_done", []))
 
     # ------------------------------------------------------------------ loop
+
+    def make_engine(self, *, shared: bool):
+        """The configured rollout engine over the training model (``inference.engine``)."""
+        return make_engine(
+            self.cfg.inference.engine,
+            self.model,
+            self.tokenizer,
+            device=self.device,
+            max_batch_size=self.cfg.rollout.max_batch_size,
+            seed=self.cfg.train.seed,
+            shared=shared,
+            params=dict(self.cfg.inference.params),
+        )
 
     def make_env(self):
         return self.env_cls(**self.env_knobs)
@@ -186,16 +214,21 @@ class GroupTrainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched)."""
+        """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched).
+
+        Per-task success counts go to ``eval/step_N.json`` (with the run's generated tokens so far).
+        """
         saved = self.engine.rng_state()
-        self.engine.set_seed(self.cfg.train.seed + 1_000_003)
+        t = self.cfg.train
+        self.engine.set_seed(t.eval_seed if t.eval_seed is not None else t.seed + 1_000_003)
+        per_task: list[int] = []
         params = SamplingParams(
             temperature=self.cfg.train.eval_temperature,
             top_p=self.cfg.rollout.top_p,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
         )
         try:
-            return evaluate(
+            out = evaluate(
                 self.engine,
                 self.renderer,
                 self.make_env,
@@ -205,33 +238,73 @@ class GroupTrainer:
                 limits=self.limits,
                 agent=self.agent,
                 spec=self.agent_spec(params),
+                per_task=per_task,
             )
         finally:
             self.engine.set_rng_state(saved)
+        (self.run_dir / "eval").mkdir(exist_ok=True)
+        record = {
+            "step": self.step,
+            "gen_tokens": self.budget.spent,
+            "samples": t.eval_samples,
+            "tasks": [task.id for task in self.test_tasks],
+            "correct": per_task,
+        }
+        (self.run_dir / "eval" / f"step_{self.step}.json").write_text(json.dumps(record) + "\n")
+        return out
 
-    def train_step(self) -> dict[str, float]:
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
-        groups = collect_groups(
-            self.engine,
+    def collect(self, tasks) -> list:
+        """``G`` rollouts of every task through the configured agent program (one batched drive)."""
+        return collect_groups(
+            self.rollout_engine,
             self.renderer,
             self.make_env,
             tasks,
-            cfg.rollout.group_size,
+            self.cfg.rollout.group_size,
             self.params,
             self.limits,
             tag=f"s{self.step}-",
             agent=self.agent,
             spec=self.spec,
         )
+
+    def step_rollouts(self) -> int:
+        return min(self.cfg.rollout.tasks_per_step, len(self.train_tasks)) * self.cfg.rollout.group_size
+
+    def has_more(self) -> bool:
+        b = self.budget
+        return (
+            self.step < self.cfg.train.steps and not b.clipped and b.affordable("step", self.step_rollouts())
+        )
+
+    def advance(self) -> dict[str, float]:
+        return self.train_step()
+
+    def training_rows(self, rollouts, advantages) -> list:
+        """Rows of the step: each turn under its sampled context, or its flat history (algo.train_context)."""
+        if self.cfg.algo.train_context == "flat":
+            rollouts = [flat_view(r, self.renderer) for r in rollouts]
+        return build_rows(rollouts, advantages, temperature=self.cfg.rollout.temperature)
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        spent = self.budget.spent
+        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
+        groups = self.collect(tasks)
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
+        self.budget.rollouts += len(rollouts)
+        if self.budget.clipped:  # the budget ran out inside this step: discard it untrained
+            self.step += 1
+            return {"budget/incomplete_phases": 1.0, "time/rollout_s": t1 - t0} | self.budget.metrics()
+        self.budget.record_phase("step", len(rollouts), self.budget.spent - spent)
         self.extra_metrics = {}
         est_params = dict(cfg.algo.estimator_params)
         features, feature_times = compute_features(self, self.estimator.needs, groups, est_params)
         advantages = self.estimator(groups, **est_params, **features)
-        rows = build_rows(rollouts, advantages)
+        rows = self.training_rows(rollouts, advantages)
+        self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         t2 = time.perf_counter()
         metrics = ppo_update(
             self.model,
@@ -252,9 +325,11 @@ class GroupTrainer:
         metrics.update(rollout_metrics(rollouts))
         metrics.update(self.extra_metrics)
         metrics.update(feature_times)
+        metrics.update(self.budget.metrics())
         metrics.update(
             {
                 "train/zero_adv_token_rate": float(np.mean(flat_adv == 0.0)) if flat_adv.size else 0.0,
+                "train/zero_adv_group_rate": float(np.mean([len(set(g.rewards)) <= 1 for g in groups])),
                 "time/rollout_s": t1 - t0,
                 "time/credit_s": t2 - t1,
                 "time/update_s": t3 - t2,
@@ -266,34 +341,3 @@ class GroupTrainer:
             (self.run_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts)
         return metrics
-
-    def fit(self, progress_cb=None) -> list[dict[str, Any]]:
-        """Train to ``train.steps``; evaluate before (fresh runs), every ``eval_every`` and at the end."""
-        cfg = self.cfg.train
-        records = []
-        if self.step == 0:
-            records.append(self.logger.log(0, self.evaluate()))
-        bar = None
-        if cfg.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        while self.step < cfg.steps:
-            m = self.train_step()
-            last = self.step == cfg.steps
-            if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
-                m.update(self.evaluate())
-            records.append(self.logger.log(self.step, m))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{m['reward/mean']:.2f}", ratio=f"{m.get('train/ratio_geomean', 1.0):.4f}"
-                )
-            if progress_cb is not None:
-                progress_cb(self.step, m)
-            if last or (cfg.save_every and self.step % cfg.save_every == 0):
-                self.save()
-        if bar is not None:
-            bar.close()
-        self.logger.close()
-        return records

@@ -100,24 +100,51 @@ def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
     return build_rows([ro for g in groups for ro in g.rollouts])
 
 
-def evaluate_model(cfg: RunConfig, model_dir: str | Path) -> dict[str, float]:
-    """pass@1 / pass@k of ``model_dir`` on the held-out tasks of ``cfg.env``."""
-    from horizonrl.inference import HFEngine
+def evaluate_model(
+    cfg: RunConfig,
+    model_dir: str | Path,
+    *,
+    split: str = "test",
+    n_tasks: int | None = None,
+    samples: int | None = None,
+    temperature: float | None = None,
+) -> dict[str, float]:
+    """pass@1 / pass@k of ``model_dir`` on ``n_tasks`` tasks of ``split`` (default: the held-out tasks).
+
+    ``split='train'`` measures the training distribution (the warm-start gate of
+    :mod:`horizonrl.reproduce`); ``samples`` / ``temperature`` default to the
+    ``train.eval_*`` settings.
+    """
+    from horizonrl.inference import make_engine
     from horizonrl.models import ChatRenderer
+    from horizonrl.train.env_knobs import resolve_knobs
 
     model, tok = load_policy(cfg.model, init=str(model_dir), work_dir=Path(model_dir))
     env_cls = get_env(cfg.env.name)
-    tasks = env_cls.make_tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test", **cfg.env.knobs)
-    engine = HFEngine(model, tok, device=resolve_device(cfg.model.device), seed=cfg.train.seed + 1_000_003)
+    knobs = resolve_knobs(dict(cfg.env.knobs))
+    n = n_tasks if n_tasks is not None else (cfg.env.test_tasks if split == "test" else cfg.env.train_tasks)
+    tasks = env_cls.make_tasks(n, seed=cfg.env.seed, split=split, **knobs)
+    t = cfg.train
+    engine = make_engine(
+        cfg.inference.engine,
+        model,
+        tok,
+        device=resolve_device(cfg.model.device),
+        max_batch_size=cfg.rollout.max_batch_size,
+        seed=t.eval_seed if t.eval_seed is not None else t.seed + 1_000_003,
+        params=dict(cfg.inference.params),
+    )
     renderer = ChatRenderer(tok)
     r = cfg.rollout
     params = SamplingParams(
-        temperature=cfg.train.eval_temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens
+        temperature=temperature if temperature is not None else t.eval_temperature,
+        top_p=r.top_p,
+        max_new_tokens=r.max_new_tokens,
     )
     limits = LoopLimits(r.max_turns, r.context_budget, r.overflow)
 
     def make_env():
-        return env_cls(**cfg.env.knobs)
+        return env_cls(**knobs)
 
     spec = AgentSpec(
         renderer=renderer,
@@ -133,7 +160,7 @@ def evaluate_model(cfg: RunConfig, model_dir: str | Path) -> dict[str, float]:
         renderer,
         make_env,
         tasks,
-        samples=cfg.train.eval_samples,
+        samples=samples if samples is not None else t.eval_samples,
         params=params,
         limits=limits,
         agent=r.agent,

@@ -26,7 +26,7 @@ import numpy as np
 
 from horizonrl import credit
 from horizonrl.agents.psi import flat_prompts
-from horizonrl.train.rtpo_trainer import (
+from horizonrl.train.reverse_turn import (
     ReverseTurnTrainer,
     Sweep,
     agent_turns,
@@ -46,7 +46,7 @@ class SeeUPOTrainer(ReverseTurnTrainer):
     def begin_sweep(self, tasks: list[int]) -> Sweep:
         n = self.cfg.rollout.group_size
         made = [self.fresh_episode(i, f"it{self.iteration}-{i}-{j}") for i in tasks for j in range(n)]
-        chains = self.run_programs(made)
+        chains = self.run_programs(made, "phase1")
         groups = [chains[g * n : (g + 1) * n] for g in range(len(tasks))]
         flats = [flat_prompts(agent_turns(c), self.renderer) for c in chains]
         horizon = max((len(agent_turns(c)) for c in chains), default=0)

@@ -14,7 +14,7 @@ from typing import Any
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 # Modules that register trainers; imported on first use (they pull in torch and models).
-_MODULES = ("horizonrl.train.group_trainer", "horizonrl.train.rtpo_trainer")
+_MODULES = ("horizonrl.train.group_trainer", "horizonrl.train.rtpo_trainer", "horizonrl.train.seeupo")
 
 
 def register_trainer(name: str):

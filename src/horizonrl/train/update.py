@@ -1,17 +1,26 @@
 """The PPO update over training rows (one loss-aggregation point: ``losses.aggregate``).
 
-For every epoch the rows are shuffled and split into ``mini_batches`` optimizer
-steps. Each mini-batch computes its aggregation coefficients once
+For every epoch the *rollouts* are shuffled and split into ``mini_batches``
+optimizer steps (all rows of a rollout stay in one mini-batch, so the per-rollout
+normalizers of ``rollout-mean-token-mean`` are exact for any number of
+mini-batches). Each mini-batch computes its aggregation coefficients once
 (``token_coefficients``) and then runs forward/backward in token-budgeted
 micro-batches, so gradient accumulation gives the same gradient as one big
-batch. ``train/ratio_geomean`` — ``exp(mean(logp_train - logp_rollout))`` over
-trainable tokens — is measured on the first mini-batch of the first epoch,
-before any optimizer step: it is 1 exactly when training recomputes the
-rollout's log-probs under the same context and weights.
+batch.
+
+``train/ratio_geomean`` — ``exp(mean(logp_train - logp_rollout))`` over
+trainable tokens, before any optimizer step — is 1 exactly when training
+recomputes the rollout's log-probs under the same context and weights
+(``train/ratio_max_abs_log`` is the largest ``|logp_train - logp_rollout|``).
+PPO's ``pi_old`` is the rollout's log-probs (``old_logprobs='rollout'``) or a
+no-grad recomputation under the training rows (``'recompute'``, verl's
+default), which matters when rows are not the sampled contexts (flat-history
+baselines) or when a second engine sampled them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,8 +43,69 @@ class UpdateSettings:
     ppo_epochs: int = 1
     mini_batches: int = 1
     micro_batch_tokens: int = 8192
-    temperature: float = 1.0
     grad_clip: float = 1.0
+    old_logprobs: str = "rollout"
+    logprob_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.old_logprobs not in ("rollout", "recompute"):
+            raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be 'rollout' or 'recompute'")
+
+
+def rollout_mini_batches(rows: Sequence[Row], n: int, generator: torch.Generator) -> list[list[int]]:
+    """Row indices of ``n`` mini-batches: rollouts shuffled, dealt round-robin, all rows of one together."""
+    by_rollout: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_rollout.setdefault(r.rollout_index, []).append(i)
+    keys = list(by_rollout)
+    n = max(1, min(n, len(keys)))
+    perm = torch.randperm(len(keys), generator=generator).tolist()
+    return [[i for j in perm[m::n] for i in by_rollout[keys[j]]] for m in range(n)]
+
+
+@torch.no_grad()
+def score_rows(model: torch.nn.Module, rows: Sequence[Row], *, device, pad_id: int, micro_batch_tokens: int):
+    """Training-model log-probs of every row's target positions (``[T-1]`` per row, no grad)."""
+    out: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    training = model.training
+    model.eval()
+    try:
+        for chunk in micro_batches([len(rows[i]) for i in order], micro_batch_tokens):
+            idx = [order[c] for c in chunk]
+            batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
+            lp = token_logprobs(model, batch).cpu()
+            for b, i in enumerate(idx):
+                out[i] = lp[b, : len(rows[i]) - 1]
+    finally:
+        model.train(training)
+    return out
+
+
+def with_old_logprobs(rows: Sequence[Row], scored: Sequence[torch.Tensor]) -> list[Row]:
+    """Copies of ``rows`` whose ``old_logprobs`` (trainable positions) are the recomputed ones."""
+    out = []
+    for r, lp in zip(rows, scored, strict=True):
+        full = [0.0, *lp.tolist()]
+        old = [full[j] if r.trainable[j] else 0.0 for j in range(len(r))]
+        out.append(dataclasses.replace(r, old_logprobs=old))
+    return out
+
+
+def consistency_metrics(rows: Sequence[Row], scored: Sequence[torch.Tensor]) -> dict[str, float]:
+    """``train/ratio_geomean``, ``ratio_max_abs_log`` and the k3 ``KL(pi_rollout || pi_train)``."""
+    d = []
+    for r, lp in zip(rows, scored, strict=True):
+        mask = torch.tensor(r.trainable[1:], dtype=torch.bool)
+        d.append(lp[mask].double() - torch.tensor(r.old_logprobs[1:], dtype=torch.float64)[mask])
+    d = torch.cat(d) if d else torch.zeros(0, dtype=torch.float64)
+    if d.numel() == 0:
+        return {}
+    return {
+        "train/ratio_geomean": float(torch.exp(d.mean())),
+        "train/ratio_max_abs_log": float(d.abs().max()),
+        "train/kl_rollout_train": float(torch.mean(torch.expm1(d) - d)),
+    }
 
 
 def ppo_update(
@@ -62,11 +132,15 @@ def ppo_update(
         counts[key] = counts.get(key, 0) + 1
 
     lr_before = optimizer.param_groups[0]["lr"]
-    n_mb = min(s.mini_batches, len(rows))
+    before: dict[str, float] = {}
+    if s.old_logprobs == "recompute":
+        scored = score_rows(
+            model, rows, device=device, pad_id=pad_id, micro_batch_tokens=s.micro_batch_tokens
+        )
+        before = consistency_metrics(rows, scored)
+        rows = with_old_logprobs(rows, scored)
     for epoch in range(s.ppo_epochs):
-        perm = torch.randperm(len(rows), generator=generator).tolist()
-        for m in range(n_mb):
-            idx = perm[m::n_mb]
+        for m, idx in enumerate(rollout_mini_batches(rows, s.mini_batches, generator)):
             # Sort by length inside the mini-batch so micro-batches pad little.
             idx.sort(key=lambda i: len(rows[i]))
             mb = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
@@ -76,7 +150,7 @@ def ppo_update(
             for chunk in micro_batches([len(rows[i]) for i in idx], s.micro_batch_tokens):
                 c = torch.tensor(chunk, device=device)
                 sub = mb.slice(c)
-                logp = token_logprobs(model, sub, temperature=s.temperature)
+                logp = token_logprobs(model, sub)
                 pl, stats = policy_loss(
                     logp,
                     sub.old_logprobs,
@@ -85,6 +159,7 @@ def ppo_update(
                     clip_high=s.clip_high,
                     dual_clip=s.dual_clip,
                     turn_ids=sub.turn_ids if s.turn_level_is else None,
+                    logprob_clip=s.logprob_clip,
                 )
                 cf = coef[c]
                 loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
@@ -92,7 +167,7 @@ def ppo_update(
                 totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
                 if ref_model is not None and s.kl_coef > 0:
                     with torch.no_grad():
-                        ref_lp = token_logprobs(ref_model, sub, temperature=s.temperature)
+                        ref_lp = token_logprobs(ref_model, sub)
                     kl = aggregate(
                         kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf
                     )
@@ -100,7 +175,7 @@ def ppo_update(
                     loss = loss + s.kl_coef * kl
                 totals["loss"] += loss.item()
                 loss.backward()
-                if epoch == 0 and m == 0:
+                if epoch == 0 and m == 0 and not before:
                     d = (logp.detach() - sub.old_logprobs) * sub.mask
                     log_ratio_sum += float(d.sum())
                     n_tok += float(sub.mask.sum())
@@ -121,7 +196,7 @@ def ppo_update(
                 add("train/ratio_max_abs_log", max_abs_log)
     if scheduler is not None:
         scheduler.step()
-    out = {k: sums[k] / counts[k] for k in sums}
+    out = {k: sums[k] / counts[k] for k in sums} | before
     out["train/lr"] = lr_before
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
     out["train/rows"] = float(len(rows))

@@ -28,7 +28,9 @@ class Row:
     ``trainable[j]`` is True for policy-generated tokens; ``old_logprobs``,
     ``advantages`` and ``turn_ids`` are aligned with ``input_ids`` (zeros / -1 on
     masked positions). ``turn_ids`` numbers the turns of the rollout in order,
-    which the turn-level importance-sampling option groups by.
+    which the turn-level importance-sampling option groups by. ``temperatures``
+    holds each position's sampling temperature: a trainable token's log-prob is
+    recomputed at the temperature it was sampled at.
     """
 
     input_ids: list[int]
@@ -39,6 +41,11 @@ class Row:
     rollout_index: int
     segment_index: int
     turns: list[int] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.temperatures:
+            self.temperatures = [1.0] * len(self.input_ids)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -57,12 +64,14 @@ def build_rows(
     advantages: TokenAdvantages | None = None,
     *,
     merge: bool = True,
+    temperature: float = 1.0,
 ) -> list[Row]:
     """Build training rows for ``rollouts``.
 
     ``advantages`` (same nesting as rollouts/segments/turns) gives each response
     token its credit; without it every advantage is 0 (SFT-style rows).
-    ``merge=False`` gives one row per turn.
+    ``merge=False`` gives one row per turn. ``temperature`` is used for turns that
+    did not record theirs (``Turn.temperature is None``).
     """
     rows: list[Row] = []
     for ri, rollout in enumerate(rollouts):
@@ -87,6 +96,7 @@ def build_rows(
                     current.old_logprobs.extend([0.0] * len(env))
                     current.advantages.extend([0.0] * len(env))
                     current.turn_ids.extend([-1] * len(env))
+                    current.temperatures.extend([1.0] * len(env))
                 else:
                     n = len(turn.prompt_ids)
                     current = Row(
@@ -97,6 +107,7 @@ def build_rows(
                         turn_ids=[-1] * n,
                         rollout_index=ri,
                         segment_index=si,
+                        temperatures=[1.0] * n,
                     )
                     rows.append(current)
                 m = len(turn.response_ids)
@@ -105,6 +116,8 @@ def build_rows(
                 current.old_logprobs.extend(float(x) for x in turn.logprobs)
                 current.advantages.extend(adv.tolist())
                 current.turn_ids.extend([turn_counter] * m)
+                temp = turn.temperature if turn.temperature is not None else temperature
+                current.temperatures.extend([float(temp)] * m)
                 current.turns.append(ti)
                 turn_counter += 1
     return rows

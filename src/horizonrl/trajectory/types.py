@@ -54,7 +54,9 @@ class Turn:
     (``credit.ccpo_features.prompt_observations`` derives it). The environment
     tokens between two turns of a segment are not stored:
     they are the difference of consecutive prompts (see :mod:`.rows`).
-    ``truncated`` marks a generation cut by the token limit.
+    ``truncated`` marks a generation cut by the token limit. ``temperature`` is the
+    sampling temperature the ``logprobs`` are of (None: the run's rollout temperature,
+    e.g. files written before it was recorded); training recomputes log-probs at it.
     """
 
     prompt_ids: list[int]
@@ -69,6 +71,7 @@ class Turn:
     tool_calls: int = 0
     invalid: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):

@@ -1,0 +1,50 @@
+"""Regenerate the generated parts of README.md from the code and from a real run.
+
+    python scripts/update_readme.py                      # config reference only
+    python scripts/update_readme.py --quickstart LOG     # also the quickstart output, from a run's log
+
+``LOG`` is the stdout of ``horizonrl quickstart`` (``make quickstart | tee LOG``); the
+block between the ``quickstart-output`` markers is replaced by its table part, so the
+README shows exactly what a run printed. The config reference is ``horizonrl
+config-reference``; ``tests/test_config.py`` checks it is current.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from horizonrl.config import describe
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    pat = re.compile(rf"(<!-- {name} -->\n)(.*?)(<!-- /{name} -->)", re.DOTALL)
+    if not pat.search(text):
+        raise SystemExit(f"README.md has no <!-- {name} --> ... <!-- /{name} --> block")
+    return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(3), text)
+
+
+def quickstart_block(log: str) -> str:
+    """The quickstart's printed lines from ``[1/3]`` on, without progress-bar noise."""
+    lines = [ln.rstrip() for ln in log.splitlines()]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("[1/3]"))
+    keep = [ln for ln in lines[start:] if "it/s]" not in ln and "\r" not in ln]
+    return "```\n" + "\n".join(keep).strip("\n") + "\n```\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quickstart", default=None, help="log of a `horizonrl quickstart` run")
+    args = ap.parse_args()
+    text = README.read_text()
+    text = replace_block(text, "config-reference", describe())
+    if args.quickstart:
+        text = replace_block(text, "quickstart-output", quickstart_block(Path(args.quickstart).read_text()))
+    README.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

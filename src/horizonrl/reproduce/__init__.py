@@ -1,0 +1,77 @@
+"""Seeded, paired reproductions of the papers' comparisons (``horizonrl reproduce NAME``).
+
+Per paper (:mod:`.papers`): one shared warm start built once and cached, a gate on
+its pass@1 over the training distribution, ``S`` seeds per arm from that warm
+start with the same task order, token-matched budgets, the same held-out tasks
+and evaluation seed for every arm (start, middle, end), paired differences with
+t-intervals over seeds and a task bootstrap, and a results page
+(``docs/results/NAME.md`` + ``.json`` + plots). See ``docs/reproduce.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from horizonrl.reproduce.runner import GateError, Settings, check_gate, plan, run_jobs, warm_start
+from horizonrl.reproduce.spec import Arm, Comparison, Paper, get_paper, list_papers, register_paper
+
+
+def reproduce(
+    paper: Paper,
+    settings: Settings,
+    *,
+    results_dir: Path | None = Path("docs/results"),
+    command: str = "",
+    report_only: bool = False,
+) -> dict[str, Any]:
+    """Warm start, gate, all arm-seeds (resumable), then the results JSON/page; returns the JSON."""
+    from horizonrl.reproduce.report import collect, write_page
+
+    log = settings.log
+    meta = warm_start(paper, settings) if not report_only else _meta(paper, settings)
+    g = meta["gate"]
+    log(f"[gate] warm-start pass@1 on the training distribution {g['pass@1']:.3f} (gate {list(paper.gate)})")
+    for c in meta.get("checks") or []:
+        flag = "" if c.get("ok", True) else "  FAILED"
+        log(f"[check] {c['name']} = {c['value']} (target {c['target']}){flag}")
+    check_gate(paper, meta, settings)
+    jobs, starts = plan(paper, settings)
+    if not report_only:
+        run_jobs(paper, settings, jobs)
+    res = collect(paper, settings, meta, jobs, starts)
+    for c in res["comparisons"]:
+        t = c["t"]
+        ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"
+        log(f"[result] {c['arm']} - {c['baseline']}: {ci} {c['verdict']}")
+    if results_dir is not None:
+        page = write_page(
+            res,
+            Path(results_dir),
+            command=command or f"horizonrl reproduce {paper.name}",
+            diag_keys=list(paper.diagnostics),
+        )
+        log(f"[report] {page}")
+    return res
+
+
+def _meta(paper: Paper, settings: Settings) -> dict[str, Any]:
+    import json
+
+    path = settings.root(paper) / "warmstart" / "warmstart.json"
+    if not path.exists():
+        raise FileNotFoundError(f"--report-only: no warm start at {path}; run the reproduction first")
+    return json.loads(path.read_text())
+
+
+__all__ = [
+    "Arm",
+    "Comparison",
+    "GateError",
+    "Paper",
+    "Settings",
+    "get_paper",
+    "list_papers",
+    "register_paper",
+    "reproduce",
+]

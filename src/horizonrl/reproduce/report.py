@@ -1,0 +1,338 @@
+"""Results of a reproduction: one JSON with every number, a Markdown page, PNG plots.
+
+:func:`collect` reads the finished runs into the JSON structure
+(``{"paper", "warm_start": {"pass@1"}, "arms": {ARM: {"seeds": [...]}}, "comparisons": [...]}``);
+:func:`write_page` renders ``docs/results/NAME.md`` and the plots from that JSON
+alone, so a page can be regenerated without rerunning anything
+(``horizonrl reproduce NAME --report-only``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from horizonrl.reproduce.spec import Paper
+from horizonrl.reproduce.stats import Interval, mean_sd, paired_bootstrap, t_interval
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _rates(result: dict[str, Any], index: int = -1) -> np.ndarray:
+    """Per-task success rate of evaluation ``index`` of a run."""
+    return np.asarray(result["per_task"][index], dtype=np.float64) / max(1, result["samples"] or 1)
+
+
+def collect(paper: Paper, settings, meta: dict[str, Any], jobs, starts: dict[str, Path]) -> dict[str, Any]:
+    """The results JSON of the finished runs (see the module docstring)."""
+    root = settings.root(paper)
+    arms: dict[str, Any] = {}
+    for arm in paper.arms:
+        if settings.arms and arm.name not in settings.arms:
+            continue
+        start = _read(starts[arm.name] / "result.json")
+        seeds = []
+        for s in range(settings.seeds):
+            r = _read(root / arm.name / f"seed_{s}" / "result.json")
+            if r is not None:
+                r = {k: v for k, v in r.items() if k != "config"}
+                seeds.append({"seed": s, **r})
+        arms[arm.name] = {
+            "label": arm.label or arm.name,
+            "help": arm.help,
+            "overrides": list(arm.overrides),
+            "start": None if start is None else {"pass@1": start["pass@1"], "per_task": start["per_task"][0]},
+            "seeds": seeds,
+        }
+    comparisons = []
+    for c in paper.comparisons:
+        if c.arm not in arms or c.baseline not in arms:
+            continue
+        a = {s["seed"]: s for s in arms[c.arm]["seeds"]}
+        b = {s["seed"]: s for s in arms[c.baseline]["seeds"]}
+        common = sorted(set(a) & set(b))
+        if not common:
+            continue
+        diffs = [a[s]["pass@1"] - b[s]["pass@1"] for s in common]
+        t = t_interval(diffs)
+        boot = paired_bootstrap(
+            np.stack([_rates(a[s]) for s in common]), np.stack([_rates(b[s]) for s in common])
+        )
+        comparisons.append(
+            {
+                "arm": c.arm,
+                "baseline": c.baseline,
+                "claim": c.claim,
+                "seeds": common,
+                "diffs": diffs,
+                "t": vars(t),
+                "bootstrap": vars(boot),
+                "verdict": verdict(t),
+            }
+        )
+    return {
+        "paper": paper.name,
+        "title": paper.title,
+        "claim": paper.claim,
+        "notes": paper.notes,
+        "setup": {
+            "base_config": paper.base,
+            "overrides": [*paper.overrides, *settings.overrides],
+            "budget_tokens": settings.budget_tokens or paper.budget_tokens,
+            "seeds": settings.seeds,
+            "eval_tasks": settings.eval_tasks or paper.eval_tasks,
+            "eval_samples": paper.eval_samples,
+            "eval_temperature": paper.eval_temperature,
+            "eval_seed": paper.eval_seed,
+            "gate": list(paper.gate),
+            "jobs": settings.jobs,
+            "machine": f"{platform.machine()}, {platform.python_version()}, {_cpus()} CPUs",
+        },
+        "warm_start": {**meta.get("gate", {}), "pretrain": meta.get("pretrain"), "sft_s": meta.get("sft_s")},
+        "checks": meta.get("checks") or [],
+        "arms": arms,
+        "comparisons": comparisons,
+    }
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def verdict(t: Interval) -> str:
+    if t.n < 2:
+        return "one seed: no interval"
+    if t.lo > 0:
+        return "arm better (95% CI above 0)"
+    if t.hi < 0:
+        return "arm worse (95% CI below 0)"
+    return "no difference resolved (95% CI includes 0)"
+
+
+# ------------------------------------------------------------------ page
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _ms(values: list[float], digits: int = 3) -> str:
+    if not values:
+        return "–"
+    m, sd = mean_sd(values)
+    return f"{m:.{digits}f} ± {sd:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
+
+
+def _mid(seed: dict[str, Any]) -> float | None:
+    return seed["curve"][0]["pass@1"] if len(seed["curve"]) > 1 else None
+
+
+def arm_table(res: dict[str, Any], diag_keys: list[str]) -> str:
+    head = [
+        "arm",
+        "start pass@1",
+        "mid pass@1",
+        "end pass@1",
+        "gen tokens",
+        "rollouts",
+        "trainable tok",
+        "updates",
+        "zero-adv groups",
+        "ratio geomean (min)",
+        "wall s / seed",
+        *diag_keys,
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, a in res["arms"].items():
+        s = a["seeds"]
+        mids = [m for m in (_mid(x) for x in s) if m is not None]
+        zero = [x["zero_adv_group_rate"] for x in s if x["zero_adv_group_rate"] is not None]
+        ratio = [x["ratio_geomean_mean"] for x in s if x["ratio_geomean_mean"] is not None]
+        rmin = [x["ratio_geomean_min"] for x in s if x["ratio_geomean_min"] is not None]
+        row = [
+            f"`{name}`",
+            _fmt(a["start"]["pass@1"]) if a["start"] else "–",
+            _ms(mids),
+            _ms([x["pass@1"] for x in s]),
+            _ms([x["generated_tokens"] for x in s], 0),
+            _ms([x["rollouts"] for x in s], 0),
+            _ms([x["trainable_tokens"] for x in s], 0),
+            _ms([x["updates"] for x in s], 0),
+            _ms(zero, 2),
+            f"{_ms(ratio, 4)} ({_fmt(min(rmin) if rmin else None, 4)})",
+            _ms([x["wall_s"] for x in s], 0),
+        ]
+        for k in diag_keys:
+            row.append(_ms([x["diagnostics"][k] for x in s if x["diagnostics"].get(k) is not None]))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def comparison_table(res: dict[str, Any]) -> str:
+    head = [
+        "comparison",
+        "claim",
+        "per-seed Δ pass@1",
+        "mean Δ [95% t-CI over seeds]",
+        "task bootstrap 95% CI",
+        "reading",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in res["comparisons"]:
+        t, b = Interval(**c["t"]), Interval(**c["bootstrap"])
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"`{c['arm']}` − `{c['baseline']}`",
+                    c["claim"],
+                    ", ".join(f"{d:+.3f}" for d in c["diffs"]),
+                    t.fmt(),
+                    f"[{b.lo:+.3f}, {b.hi:+.3f}]",
+                    c["verdict"],
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_keys: list[str]) -> Path:
+    """``NAME.md``, ``NAME.json``, ``NAME_curves.png`` and ``NAME_diffs.png`` under ``results_dir``."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    name = res["paper"]
+    (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    plot_curves(res, results_dir / f"{name}_curves.png")
+    plot_diffs(res, results_dir / f"{name}_diffs.png")
+    st, ws = res["setup"], res["warm_start"]
+    checks = "\n".join(
+        f"| {c['name']} | {c['value']} | {c['target']} | {'yes' if c.get('ok', True) else 'NO'} |"
+        for c in res["checks"]
+    )
+    overrides = ", ".join(f"`{o}`" for o in st["overrides"]) or "no overrides"
+    page = f"""# {res["title"]}
+
+_Generated by `{command}` from `{name}.json`; do not edit by hand._
+
+**Paper's claim.** {res["claim"]}
+
+**Setup.** Base config `{st["base_config"]}` with {overrides}.
+Every arm starts from one shared warm start and runs {st["seeds"]} seeds (the same seeds, hence the same task
+order, in every arm) until {st["budget_tokens"]:,} generated tokens (all engine calls; a phase predicted to
+overrun does not start, generation is clipped so it is never exceeded). Every evaluation uses the same
+{st["eval_tasks"]} held-out tasks x {st["eval_samples"]} sample(s) at temperature {st["eval_temperature"]},
+seed {st["eval_seed"]}; start = the warm start, mid = first evaluation after half the budget, end =
+after the budget. Machine: {st["machine"]}, {st["jobs"]} run(s) in parallel, one torch thread each.
+
+{res.get("notes") or ""}
+
+## Regime
+
+Warm-start pass@1 on the training distribution: **{_fmt(ws.get("pass@1"))}** ({ws.get("tasks")} tasks x
+{ws.get("samples")} samples; gate {st["gate"]}).
+
+{"| check | value | target | ok |" + chr(10) + "|---|---|---|---|" + chr(10) + checks if checks else ""}
+
+## Results
+
+{arm_table(res, diag_keys)}
+
+Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
+
+{comparison_table(res)}
+
+![learning curves]({name}_curves.png)
+![paired differences]({name}_diffs.png)
+"""
+    path = results_dir / f"{name}.md"
+    path.write_text(page)
+    return path
+
+
+# ------------------------------------------------------------------ plots
+
+
+def _ci(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and 95% t band over axis 0."""
+    mean = values.mean(axis=0)
+    if values.shape[0] < 2:
+        return mean, mean, mean
+    from scipy import stats as st
+
+    half = st.t.ppf(0.975, values.shape[0] - 1) * values.std(axis=0, ddof=1) / np.sqrt(values.shape[0])
+    return mean, mean - half, mean + half
+
+
+def plot_curves(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for a in res["arms"].values():
+        seeds = a["seeds"]
+        if not seeds or a["start"] is None:
+            continue
+        n = min(len(s["curve"]) for s in seeds)
+        ys = np.array([[a["start"]["pass@1"]] + [p["pass@1"] for p in s["curve"][:n]] for s in seeds])
+        xs = np.array([[0] + [p["gen_tokens"] for p in s["curve"][:n]] for s in seeds]).mean(axis=0)
+        m, lo, hi = _ci(ys)
+        (line,) = ax.plot(xs, m, marker="o", label=a["label"])
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("generated tokens")
+    ax.set_ylabel("held-out pass@1")
+    ax.set_title(f"{res['paper']}: mean over seeds, 95% t band")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_diffs(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = res["comparisons"]
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * max(1, len(comps))))
+    for i, c in enumerate(comps):
+        t, b = c["t"], c["bootstrap"]
+        ax.scatter(c["diffs"], [i] * len(c["diffs"]), color="gray", s=14, zorder=3)
+        ax.errorbar(
+            t["mean"],
+            i + 0.18,
+            xerr=[[t["mean"] - t["lo"]], [t["hi"] - t["mean"]]],
+            fmt="o",
+            color="C0",
+            capsize=3,
+            label="95% t-CI (seeds)" if i == 0 else None,
+        )
+        ax.errorbar(
+            b["mean"],
+            i - 0.18,
+            xerr=[[b["mean"] - b["lo"]], [b["hi"] - b["mean"]]],
+            fmt="s",
+            color="C1",
+            capsize=3,
+            label="task bootstrap" if i == 0 else None,
+        )
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(comps)), [f"{c['arm']} − {c['baseline']}" for c in comps], fontsize=8)
+    ax.set_xlabel("Δ end pass@1 (paired by seed)")
+    ax.grid(alpha=0.3, axis="x")
+    if comps:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

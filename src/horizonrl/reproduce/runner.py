@@ -1,0 +1,356 @@
+"""Run a reproduction: warm start (cached) and gate, then every arm x seed, resumably.
+
+Layout under ``OUT/NAME/`` (default ``runs/reproduce/NAME``)::
+
+    warmstart/              base_model/, sft/ (the shared warm start), warmstart.json (key, gate)
+    start/<sig>/            the start-of-RL evaluation, once per evaluation signature
+    <arm>/seed_<s>/         one trainer run; result.json marks it done
+
+An arm-seed is a plain ``horizonrl`` training run (the paper's base config + the
+paper's overrides + the arm's overrides + the harness's: seed, warm start,
+token budget, evaluation settings), executed in a subprocess with one torch
+thread, ``jobs`` at a time. A killed reproduction rerun skips every arm-seed
+with a ``result.json`` and reruns the others from scratch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from horizonrl.config import ConfigError, RunConfig, load_config
+from horizonrl.reproduce.spec import Arm, Paper
+
+
+class GateError(RuntimeError):
+    """The warm start (or a regime check) is outside the range where groups carry signal."""
+
+
+@dataclass
+class Settings:
+    """Run-time choices of one reproduction (the CLI's flags)."""
+
+    seeds: int
+    jobs: int = 1
+    out: Path = Path("runs/reproduce")
+    arms: tuple[str, ...] | None = None
+    overrides: tuple[str, ...] = ()  # appended to every stage (e.g. a smaller model for a smoke run)
+    budget_tokens: int | None = None
+    eval_tasks: int | None = None
+    force: bool = False
+    log: Any = field(default=print, repr=False)
+
+    def root(self, paper: Paper) -> Path:
+        return Path(self.out) / paper.name
+
+
+# ------------------------------------------------------------------ configs
+
+
+def _packaged(name: str) -> Path:
+    from horizonrl.train.recipes import packaged_config
+
+    return packaged_config(name)
+
+
+def base_overrides(paper: Paper, settings: Settings) -> list[str]:
+    return [*paper.overrides, *settings.overrides]
+
+
+def stage_config(paper: Paper, settings: Settings, *items: str) -> RunConfig:
+    return load_config(_packaged(paper.base), [*base_overrides(paper, settings), *items])
+
+
+def _key(d: Any) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def budget_of(paper: Paper, settings: Settings) -> int:
+    return settings.budget_tokens if settings.budget_tokens is not None else paper.budget_tokens
+
+
+def eval_items(paper: Paper, settings: Settings) -> list[str]:
+    n = settings.eval_tasks if settings.eval_tasks is not None else paper.eval_tasks
+    return [
+        f"env.test_tasks={n}",
+        f"train.eval_samples={paper.eval_samples}",
+        f"train.eval_temperature={paper.eval_temperature}",
+        f"train.eval_seed={paper.eval_seed}",
+    ]
+
+
+def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Path) -> list[str]:
+    """Overrides of one arm-seed run (after the paper's base overrides)."""
+    ws = settings.root(paper) / "warmstart" / "sft"
+    return [
+        *arm.overrides,
+        *eval_items(paper, settings),
+        f"train.seed={seed}",
+        f"train.init={ws}",
+        f"train.out_dir={out_dir}",
+        f"train.steps={paper.max_steps}",
+        f"train.max_gen_tokens={budget_of(paper, settings)}",
+        "train.eval_fractions=[0.5]",
+        "train.eval_every=0",
+        "train.eval_at_start=false",
+        "train.save_every=0",
+        "train.keep_checkpoints=1",
+        "train.progress=false",
+    ]
+
+
+# ------------------------------------------------------------------ warm start and gate
+
+
+def warm_start(paper: Paper, settings: Settings) -> dict[str, Any]:
+    """Build (or reuse) the shared warm start and measure the gate on the training distribution."""
+    from horizonrl.train.recipes import evaluate_model, run_sft
+
+    root = settings.root(paper) / "warmstart"
+    cfg = stage_config(paper, settings, f"sft.out_dir={root / 'sft'}", "train.init=null")
+    sig = {k: v for k, v in cfg.to_dict().items() if k in ("model", "env", "rollout", "sft")}
+    sig["sft"] = {k: v for k, v in sig["sft"].items() if k != "out_dir"}
+    key = _key(sig)
+    meta_path = root / "warmstart.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if meta.get("key") != key or not (root / "sft" / "config.json").exists():
+        settings.log(f"[warm start] SFT on {cfg.sft.demos} expert demonstrations -> {root / 'sft'}")
+        t0 = time.perf_counter()
+        run_sft(cfg, work_dir=root)
+        meta = {"key": key, "sft_s": time.perf_counter() - t0}
+        pre = root / "base_model" / "pretrain.json"
+        if pre.exists():
+            meta["pretrain"] = json.loads(pre.read_text())
+    if "gate" not in meta:
+        t0 = time.perf_counter()
+        m = evaluate_model(
+            cfg,
+            root / "sft",
+            split="train",
+            n_tasks=paper.gate_tasks,
+            samples=paper.gate_samples,
+            temperature=cfg.rollout.temperature,
+        )
+        meta["gate"] = {
+            "pass@1": m["eval/pass@1"],
+            "tasks": paper.gate_tasks,
+            "samples": paper.gate_samples,
+            "seconds": time.perf_counter() - t0,
+        }
+    if paper.checks is not None and "checks" not in meta:
+        meta["checks"] = paper.checks(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def check_gate(paper: Paper, meta: dict[str, Any], settings: Settings) -> None:
+    """Refuse to start RL outside ``paper.gate`` or with a failed regime check (unless ``force``)."""
+    lo, hi = paper.gate
+    p = meta["gate"]["pass@1"]
+    problems = []
+    if not lo <= p <= hi:
+        problems.append(
+            f"warm-start pass@1 on the training distribution is {p:.3f}, outside the gate [{lo}, {hi}] "
+            f"({meta['gate']['tasks']} tasks x {meta['gate']['samples']}); change the warm start "
+            f"(sft.noise, sft.demos, sft.epochs) or the task difficulty (env.knobs) with --set, or --force"
+        )
+    for c in meta.get("checks") or []:
+        if not c.get("ok", True):
+            problems.append(f"regime check {c['name']} = {c['value']} misses its target {c['target']}")
+    if problems and not settings.force:
+        raise GateError("; ".join(problems))
+    for msg in problems:
+        settings.log(f"[gate] WARNING (--force): {msg}")
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def eval_signature(cfg: RunConfig) -> str:
+    """Runs whose start evaluations are identical share a signature (same policy, agent and eval draws)."""
+    d = cfg.to_dict()
+    t = d["train"]
+    return _key(
+        {
+            "env": d["env"],
+            "rollout": d["rollout"],
+            "init": t["init"],
+            "eval": [t["eval_samples"], t["eval_temperature"], t["eval_seed"]],
+        }
+    )
+
+
+@dataclass
+class Job:
+    kind: str  # "arm" | "start"
+    arm: str
+    seed: int
+    out_dir: Path
+    overrides: list[str]
+
+    def to_json(self, paper: Paper, settings: Settings) -> str:
+        return json.dumps(
+            {
+                "kind": self.kind,
+                "base": str(_packaged(paper.base)),
+                "overrides": [*base_overrides(paper, settings), *self.overrides],
+                "out_dir": str(self.out_dir),
+                "diagnostics": list(paper.diagnostics),
+            }
+        )
+
+
+def plan(paper: Paper, settings: Settings) -> tuple[list[Job], dict[str, Path]]:
+    """Every job of the reproduction, and each arm's start-evaluation directory."""
+    root = settings.root(paper)
+    arms = [paper.arm(a) for a in settings.arms] if settings.arms else list(paper.arms)
+    jobs: list[Job] = []
+    starts: dict[str, Path] = {}
+    for arm in arms:
+        probe = load_config(
+            _packaged(paper.base),
+            [*base_overrides(paper, settings), *arm_items(paper, settings, arm, 0, root / "probe")],
+        )
+        sig = eval_signature(probe)
+        start_dir = root / "start" / sig
+        starts[arm.name] = start_dir
+        if not any(j.kind == "start" and j.out_dir == start_dir for j in jobs):
+            items = [
+                *arm_items(paper, settings, arm, 0, start_dir),
+                "train.steps=0",
+                "train.eval_at_start=true",
+            ]
+            jobs.append(Job("start", arm.name, 0, start_dir, items))
+    for seed in range(settings.seeds):
+        for arm in arms:
+            out = root / arm.name / f"seed_{seed}"
+            jobs.append(Job("arm", arm.name, seed, out, arm_items(paper, settings, arm, seed, out)))
+    return jobs, starts
+
+
+def run_jobs(paper: Paper, settings: Settings, jobs: list[Job]) -> None:
+    """Run the jobs without a ``result.json``, ``settings.jobs`` at a time, each in its own process."""
+    todo = [j for j in jobs if not (j.out_dir / "result.json").exists()]
+    done = len(jobs) - len(todo)
+    if done:
+        settings.log(f"[resume] {done} of {len(jobs)} runs already finished")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+    def one(job: Job) -> tuple[Job, int, float]:
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with open(job.out_dir / "log.txt", "w") as log:
+            rc = subprocess.run(
+                [sys.executable, "-m", "horizonrl.reproduce.runner", job.to_json(paper, settings)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                check=False,
+            ).returncode
+        return job, rc, time.perf_counter() - t0
+
+    failures = []
+    with cf.ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
+        for job, rc, secs in pool.map(one, todo) if settings.jobs <= 1 else _as_done(pool, one, todo):
+            tag = "start eval" if job.kind == "start" else f"{job.arm} seed {job.seed}"
+            if rc != 0:
+                failures.append(f"{tag} (exit {rc}; see {job.out_dir / 'log.txt'})")
+                settings.log(f"[run] {tag}: FAILED (exit {rc}) after {secs:.0f}s")
+            else:
+                r = json.loads((job.out_dir / "result.json").read_text())
+                settings.log(
+                    f"[run] {tag}: pass@1 {r['pass@1']:.3f}, {r['generated_tokens']:,} tokens, {secs:.0f}s"
+                )
+    if failures:
+        raise RuntimeError("runs failed: " + "; ".join(failures))
+
+
+def _as_done(pool, fn, items):
+    futures = [pool.submit(fn, j) for j in items]
+    for f in cf.as_completed(futures):
+        yield f.result()
+
+
+# ------------------------------------------------------------------ one run (subprocess entry)
+
+
+def summarize_run(out_dir: Path, diagnostics: list[str], wall_s: float) -> dict[str, Any]:
+    """``result.json`` of a finished run: evaluations (per task), budget, diagnostics, wall time."""
+    from horizonrl.train.metrics import read_metrics
+
+    evals = []
+    for p in sorted((out_dir / "eval").glob("step_*.json"), key=lambda p: int(p.stem.split("_")[1])):
+        e = json.loads(p.read_text())
+        n = max(1, e["samples"])
+        e["pass@1"] = sum(e["correct"]) / (n * max(1, len(e["correct"])))
+        evals.append(e)
+    records = read_metrics(out_dir)
+    steps = [r for r in records if r.get("step", 0) > 0]
+    last = steps[-1] if steps else {}
+
+    def mean_of(key: str) -> float | None:
+        vals = [r[key] for r in steps if isinstance(r.get(key), int | float)]
+        return sum(vals) / len(vals) if vals else None
+
+    diag = {k: mean_of(k) for k in diagnostics}
+    zero = mean_of("train/zero_adv_group_rate")
+    if zero is None:
+        zero = mean_of("rtpo/zero_adv_rate")
+    ratios = [r["train/ratio_geomean"] for r in steps if isinstance(r.get("train/ratio_geomean"), float)]
+    return {
+        "pass@1": evals[-1]["pass@1"] if evals else None,
+        "curve": [{"step": e["step"], "gen_tokens": e["gen_tokens"], "pass@1": e["pass@1"]} for e in evals],
+        "per_task": [list(e["correct"]) for e in evals],
+        "samples": evals[-1]["samples"] if evals else None,
+        "generated_tokens": int(last.get("budget/gen_tokens", 0)),
+        "rollouts": int(last.get("budget/rollouts", 0)),
+        "trainable_tokens": int(last.get("budget/trainable_tokens", 0)),
+        "updates": sum(1 for r in steps if "train/loss" in r),
+        "incomplete_phases": int(sum(r.get("budget/incomplete_phases", 0) for r in steps)),
+        "zero_adv_group_rate": zero,
+        "ratio_geomean_mean": sum(ratios) / len(ratios) if ratios else None,
+        "ratio_geomean_min": min(ratios) if ratios else None,
+        "diagnostics": diag,
+        "wall_s": wall_s,
+    }
+
+
+def _run_one(spec: dict[str, Any]) -> None:
+    import torch
+
+    from horizonrl.train.trainers import make_trainer
+
+    torch.set_num_threads(1)
+    cfg = load_config(spec["base"], spec["overrides"])
+    out = Path(spec["out_dir"])
+    t0 = time.perf_counter()
+    trainer = make_trainer(cfg)
+    trainer.fit()
+    result = summarize_run(out, spec["diagnostics"], time.perf_counter() - t0)
+    result["config"] = cfg.to_dict()
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result) + "\n")
+    tmp.replace(out / "result.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        _run_one(json.loads(argv[0]))
+    except ConfigError as e:
+        print(f"horizonrl reproduce: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the subprocess entry point
+    sys.exit(main())

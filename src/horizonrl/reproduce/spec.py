@@ -1,0 +1,98 @@
+"""Declarations of paper reproductions: arms, a shared warm start, a budget, the claim.
+
+A :class:`Paper` names a packaged base config, the overrides that define its
+warm start and regime, and the arms (each a list of ``section.field=value``
+overrides of the base). Everything else — seeds, held-out size, budget, gate —
+has a default here and can be changed from the command line
+(``horizonrl reproduce NAME --seeds 3``). Papers register themselves with
+:func:`register_paper` (:mod:`horizonrl.reproduce.papers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One method of a comparison: config overrides on top of the paper's base."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    label: str = ""
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired difference to report: ``arm - baseline`` of end pass@1 (and ``metric`` diffs)."""
+
+    arm: str
+    baseline: str
+    claim: str = ""
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A reproduction (see the module docstring)."""
+
+    name: str
+    title: str
+    claim: str
+    base: str  # packaged config name (src/horizonrl/configs/NAME.yaml)
+    arms: tuple[Arm, ...]
+    comparisons: tuple[Comparison, ...]
+    overrides: tuple[str, ...] = ()  # regime + warm start (apply to every stage)
+    budget_tokens: int = 200_000  # generated tokens per arm-seed
+    seeds: int = 5
+    eval_tasks: int = 256
+    eval_samples: int = 1
+    eval_temperature: float = 1.0
+    eval_seed: int = 20261201
+    gate: tuple[float, float] = (0.25, 0.75)
+    gate_tasks: int = 128
+    gate_samples: int = 2
+    max_steps: int = 10_000  # a cap; the token budget ends the runs
+    diagnostics: tuple[str, ...] = ()  # metric keys averaged over each run's steps
+    #: Checks of the regime before any RL (e.g. with the scripted expert): ``fn(cfg) -> rows``,
+    #: each row ``{"name", "value", "target", "ok"}``; a failed check refuses to start like the gate.
+    checks: Callable[[Any], list[dict[str, Any]]] | None = None
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(f"paper {self.name!r} has no arm {name!r}; arms: {[a.name for a in self.arms]}")
+
+
+_PAPERS: dict[str, Callable[[], Paper]] = {}
+
+
+def register_paper(name: str):
+    """Register a zero-argument function returning the :class:`Paper` ``name``."""
+
+    def deco(fn: Callable[[], Paper]) -> Callable[[], Paper]:
+        if name in _PAPERS and _PAPERS[name] is not fn:
+            raise ValueError(f"paper {name!r} is already registered")
+        _PAPERS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_paper(name: str) -> Paper:
+    from horizonrl.reproduce import papers  # noqa: F401  (registers the papers)
+
+    if name not in _PAPERS:
+        raise KeyError(f"unknown reproduction {name!r}; known: {sorted(_PAPERS)}")
+    return _PAPERS[name]()
+
+
+def list_papers() -> list[str]:
+    from horizonrl.reproduce import papers  # noqa: F401
+
+    return sorted(_PAPERS)

@@ -1,0 +1,111 @@
+"""Generation budgets matched on generated tokens, never overshot.
+
+Comparisons between methods are fair only at matched work. The unit here is the
+*generated token* (every token any engine call sampled: trunks, siblings,
+compaction sessions, subagents, rollouts that are later discarded). A
+:class:`TokenBudget` enforces a limit in two ways:
+
+- **before a phase** (one group-trainer step, one RTPO phase 1 or stage) the
+  trainer asks :meth:`TokenBudget.affordable` with the phase's rollout count; the
+  cost is predicted as that count times the largest per-rollout cost of earlier
+  phases of the same kind (the first phase of a kind is always allowed). A phase
+  predicted to overrun the limit does not start and the run ends.
+- **during a phase** :class:`BudgetedEngine` clips every generation call so that
+  even its worst case (``n_prompts x max_new_tokens``) fits what is left; once
+  nothing is left it returns empty generations. A phase that hit the cap is
+  *incomplete*: the trainer discards it untrained (``budget/incomplete_phases``)
+  and ends the run. So ``spent <= limit`` holds by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from horizonrl.inference.base import Engine, Generation, SamplingParams
+
+
+@dataclass
+class TokenBudget:
+    """Generated-token budget of one run (``limit = 0``: unlimited, only counting)."""
+
+    limit: int = 0
+    spent: int = 0
+    rollouts: int = 0
+    trainable_tokens: int = 0
+    clipped: bool = False
+    per_rollout: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def left(self) -> int | None:
+        return None if not self.limit else max(0, self.limit - self.spent)
+
+    def affordable(self, kind: str, rollouts: int) -> bool:
+        """Whether a phase of ``kind`` with ``rollouts`` rollouts is predicted to fit what is left."""
+        if not self.limit:
+            return True
+        if self.spent >= self.limit:
+            return False
+        est = self.per_rollout.get(kind)
+        return est is None or self.spent + est * rollouts <= self.limit
+
+    def record_phase(self, kind: str, rollouts: int, tokens: int) -> None:
+        """Remember a finished phase's cost per rollout (the prediction for later phases of ``kind``)."""
+        if rollouts > 0:
+            self.per_rollout[kind] = max(self.per_rollout.get(kind, 0.0), tokens / rollouts)
+
+    def state(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load(self, state: Mapping) -> None:
+        for k, v in state.items():
+            setattr(self, k, dict(v) if isinstance(v, dict) else v)
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "budget/gen_tokens": float(self.spent),
+            "budget/rollouts": float(self.rollouts),
+            "budget/trainable_tokens": float(self.trainable_tokens),
+        }
+        if self.limit:
+            out["budget/gen_tokens_left"] = float(self.left or 0)
+        return out
+
+
+class BudgetedEngine(Engine):
+    """An engine wrapper that counts generated tokens and never lets them pass ``budget.limit``.
+
+    ``generate`` clips ``max_new_tokens`` to ``left // len(prompts)`` when the worst
+    case would not fit (setting ``budget.clipped``), and returns empty generations
+    (``finish_reason='length'``) when nothing is left. ``score`` and ``sync`` are
+    passed through (scoring is not generation).
+    """
+
+    def __init__(self, engine: Engine, budget: TokenBudget) -> None:
+        self.inner = engine
+        self.budget = budget
+
+    def __getattr__(self, name):  # rng_state, set_seed, model, ... of the wrapped engine
+        return getattr(self.inner, name)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        b = self.budget
+        left = b.left
+        if left is not None and len(prompts) * params.max_new_tokens > left:
+            b.clipped = True
+            per = left // max(1, len(prompts))
+            if per < 1:
+                return [Generation(ids=[], logprobs=[], text="", finish_reason="length") for _ in prompts]
+            params = dataclasses.replace(params, max_new_tokens=per)
+        gens = self.inner.generate(prompts, params)
+        b.spent += sum(len(g.ids) for g in gens)
+        return gens
+
+    def score(self, contexts, continuations) -> list[np.ndarray]:
+        return self.inner.score(contexts, continuations)
+
+    def sync(self, state_dict=None) -> None:
+        self.inner.sync(state_dict)
