@@ -128,6 +128,8 @@ def _cmd_estimators(args) -> int:
     for name in credit.list_estimators():
         spec = credit.get_estimator(name)
         print(f"{name:12s} loss_agg={spec.loss_agg_mode:26s} {spec.description}")
+        if spec.agg_source:
+            print(f"{'':12s} (aggregation: {spec.agg_source})")
     return 0
 
 

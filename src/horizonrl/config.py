@@ -153,6 +153,18 @@ class AlgoConfig(_Section):
             "rollout-mean-token-mean",
         ),
     )
+    policy_loss: str = opt(
+        "ppo",
+        "'ppo' (clipped surrogate) or 'reinforce' (unclipped -A * ratio; RLOO's sequence-level REINFORCE "
+        "with loss_agg_mode seq-mean-token-sum)",
+        choices=("ppo", "reinforce"),
+    )
+    loss_norm_tokens: int | None = opt(
+        None,
+        "Dr.GRPO's constant normalizer L of seq-mean-token-sum-norm (null: the generation budget of a "
+        "rollout, rollout.max_new_tokens x rollout.max_turns)",
+        gt=0,
+    )
     clip_low: float = opt(0.2, "PPO lower clip epsilon", ge=0.0)
     clip_high: float = opt(0.2, "PPO upper clip epsilon", ge=0.0)
     dual_clip: float | None = opt(

@@ -44,6 +44,7 @@ from horizonrl.credit.ccpo_features import (
     context_features,
     factorize,
     merge_duplicates,
+    observation_mode,
     step_batch_from_groups,
     trajectory_codes,
     unique_steps,
@@ -384,19 +385,22 @@ def ccpo(
     exclude_self: bool = True,
     history_weight: float = 1.0,
     future_weight: float = 1.0,
-    observation: str = "prompt",
+    obs_key: str = "text",
 ) -> TokenAdvantages:
     """CCPO: contextual step credit from observation-matched peers, on every response token of the step.
 
     ``hidden`` [N, D]: frozen-model final-layer states of the last prompt token,
     one row per turn in the order of :func:`step_batch_from_groups` (computed by
-    the trainer; credit never runs a model). ``observation`` picks the matching
-    key (see :func:`~horizonrl.credit.ccpo_features.prompt_observations`); the
-    other parameters are those of :func:`contextual_credit`.
+    the trainer; credit never runs a model). ``obs_key`` is what peers are matched
+    on: ``text`` (default, the paper's setting: the observation text the policy saw,
+    exact string equality), ``state`` (the environment's full hidden-state key, a
+    "perfect anchor" ablation) or ``turn`` (see
+    :func:`~horizonrl.credit.ccpo_features.prompt_observations`); the other
+    parameters are those of :func:`contextual_credit`.
     """
     if hidden is None:
         raise ValueError("the ccpo estimator needs hidden=[N, D] frozen-model states, one row per turn")
-    steps = step_batch_from_groups(groups, observation=observation)
+    steps = step_batch_from_groups(groups, observation=observation_mode(obs_key))
     out = contextual_credit(
         steps,
         hidden,

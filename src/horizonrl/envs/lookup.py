@@ -10,6 +10,16 @@ question follows a chain of ``hops`` links from a person::
 ``search(query)`` returns the facts that mention the entity ``query`` (as subject
 or object) plus ``obs_facts`` distractor facts. The expert searches each hop's
 entity in order, then answers.
+
+``tool_noise = p`` makes the search tool unreliable: with probability ``p`` a
+call returns the facts of another entity of the same layer instead (a
+distractor result that does not mention the query). The episode's outcome then
+depends on randomness *after* a decision, so a good early action can still end
+in failure (the downstream contamination of trajectory-level advantages in the
+RTPO paper's Eq. 3). The noise is drawn from the environment instance's own RNG
+(seeded from Python's global RNG when the instance is made), which is not part
+of :meth:`snapshot`: siblings restored from one boundary draw fresh noise. The
+expert retries a search whose result did not mention the query.
 """
 
 from __future__ import annotations
@@ -71,7 +81,13 @@ class LookupEnv(ToolEnv):
     False) adds a hint that spells out the hops.
     """
 
-    KNOBS: ClassVar[dict[str, Any]] = {"hops": 2, "n_entities": 4, "obs_facts": 0, "decompose": False}
+    KNOBS: ClassVar[dict[str, Any]] = {
+        "hops": 2,
+        "n_entities": 4,
+        "obs_facts": 0,
+        "decompose": False,
+        "tool_noise": 0.0,
+    }
     system_prompt: ClassVar[str] = (
         f"Answer the question. Look up facts with {SEARCH.example_call()}, "
         "then give the final answer as <answer>...</answer>."
@@ -87,6 +103,9 @@ class LookupEnv(ToolEnv):
         check_int(cls.name, "n_entities", knobs["n_entities"], 2, 200)
         check_int(cls.name, "obs_facts", knobs["obs_facts"], 0, 10_000)
         check_bool(cls.name, "decompose", knobs["decompose"])
+        p = knobs["tool_noise"]
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"{cls.name}: knob 'tool_noise' must be a number in [0, 1], got {p!r}")
 
     @classmethod
     def _generate(cls, rng: random.Random, knobs: dict[str, Any]) -> dict[str, Any]:
@@ -135,6 +154,13 @@ class LookupEnv(ToolEnv):
         entity = next((e for layer in st["layers"] for e in layer if e.lower() == query.lower()), None)
         if entity is None:
             return f'No facts about "{query}".', False
+        p = float(self.knobs.get("tool_noise", 0.0))
+        if p > 0 and self._noise_rng().random() < p:
+            layer = next(layer for layer in st["layers"] if entity in layer)
+            others = [e for e in layer if e != entity]
+            if others:  # a distractor result: another entity's facts; the query stays unresolved
+                entity = self._noise_rng().choice(others)
+                return " ".join(_fact_text(f) for f in st["facts"] if entity in (f[0], f[2])), False
         if entity not in st["searched"]:
             st["searched"].append(entity)
         hits = [f for f in st["facts"] if entity in (f[0], f[2])]
@@ -145,6 +171,12 @@ class LookupEnv(ToolEnv):
             hits = hits + rng.sample(others, k)
             rng.shuffle(hits)
         return " ".join(_fact_text(f) for f in hits), False
+
+    def _noise_rng(self) -> random.Random:
+        rng = getattr(self, "_rng", None)
+        if rng is None:
+            rng = self._rng = random.Random(random.getrandbits(64))
+        return rng
 
     def state_key(self) -> str | None:
         if not self.state:

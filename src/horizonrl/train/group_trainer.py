@@ -135,6 +135,8 @@ class GroupTrainer(Trainer):
             grad_clip=o.grad_clip,
             old_logprobs=cfg.algo.old_logprobs,
             logprob_clip=cfg.algo.logprob_clip,
+            policy_loss=cfg.algo.policy_loss,
+            norm_tokens=cfg.algo.loss_norm_tokens or cfg.rollout.max_new_tokens * cfg.rollout.max_turns,
         )
         resume_step = None
         if resume:

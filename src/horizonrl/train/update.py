@@ -46,6 +46,8 @@ class UpdateSettings:
     grad_clip: float = 1.0
     old_logprobs: str = "rollout"
     logprob_clip: float | None = None
+    policy_loss: str = "ppo"
+    norm_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in ("rollout", "recompute"):
@@ -144,7 +146,9 @@ def ppo_update(
             # Sort by length inside the mini-batch so micro-batches pad little.
             idx.sort(key=lambda i: len(rows[i]))
             mb = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
-            coef = token_coefficients(mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids)
+            coef = token_coefficients(
+                mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids, norm_tokens=s.norm_tokens
+            )
             log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
             totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
             for chunk in micro_batches([len(rows[i]) for i in idx], s.micro_batch_tokens):
@@ -160,6 +164,7 @@ def ppo_update(
                     dual_clip=s.dual_clip,
                     turn_ids=sub.turn_ids if s.turn_level_is else None,
                     logprob_clip=s.logprob_clip,
+                    clip=s.policy_loss == "ppo",
                 )
                 cf = coef[c]
                 loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
