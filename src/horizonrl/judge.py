@@ -8,10 +8,12 @@ paragraph; we put the question, ground truth and prediction on their own lines, 
 answer list needs anyway.)
 
 The prompt asks the judge to "Reply with only a number: 1 if correct, 0 if incorrect", so the verdict
-is parsed strictly (:func:`parse_verdict`): after removing a ``<think>...</think>`` block, whitespace
-and decoration (quotes, ``*``, backticks, a trailing period), the reply must be ``1`` or ``0``, or
-begin with that digit followed by whitespace or ``,;:!)]`` (``1\\nThe answers match``). Anything else is not a
-"1", so it scores 0 (incorrect) and is flagged ``parsed=False``.
+is parsed strictly (:func:`parse_verdict`): after removing every ``<think>...</think>`` block,
+whitespace and decoration (quotes, ``*``, backticks, a trailing period), the reply must be ``1`` or
+``0``, or begin with that digit followed by whitespace or ``,;:!)]`` (``1\\nThe answers match``).
+Anything else is not a "1", so it scores 0 (incorrect) and is flagged ``parsed=False``; so is
+``None`` or a non-string reply. The parser reads the first ``textparse.MAX_TEXT_CHARS`` characters
+and runs in linear time.
 
 Verdicts are cached on disk as JSON lines keyed by (question, gold answers, prediction, judge
 model), so a repeated judgement never reaches the endpoint; endpoint errors are raised
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.inference.openai_client import ChatClient
+from horizonrl.textparse import cap_text, strip_think
 
 __all__ = ["MOSAIC_JUDGE_PROMPT", "JudgeVerdict", "LLMJudge", "format_ground_truth", "parse_verdict"]
 
@@ -44,7 +47,7 @@ MOSAIC_JUDGE_PROMPT = (
     "Predicted Answer:{answer}"
 )
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_VERDICT = re.compile(r"([01])(?=[\s,;:!)\]])")
 _DECORATION = " \t\r\n\"'`*.:"
 
 
@@ -62,10 +65,10 @@ class JudgeVerdict:
 
 def parse_verdict(reply: str | None) -> tuple[bool, bool]:
     """``(correct, parsed)`` for a judge reply (rules in the module docstring)."""
-    text = _THINK.sub("", reply or "").strip(_DECORATION)
+    text = strip_think(cap_text(reply if isinstance(reply, str) else None)).strip(_DECORATION)
     if text in ("1", "0"):
         return text == "1", True
-    m = re.match(r"([01])(?=[\s,;:!)\]])", text)
+    m = _VERDICT.match(text)
     if m is not None:
         return m.group(1) == "1", True
     return False, False

@@ -51,9 +51,11 @@ from horizonrl.agents.context import (
     register_context,
 )
 from horizonrl.agents.driver import Generate
+from horizonrl.agents.summary import SUMMARY_CLOSE, SUMMARY_OPEN
 from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import ToolCallError, parse_tool_calls
+from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.textparse import cap_text, first_block, strip_blocks
 from horizonrl.trajectory import Turn
 
 COMPACTION_SYSTEM_PROMPT = (
@@ -95,9 +97,6 @@ PAPER_PROMPTS = {
     "continuation": CONTINUATION_PROMPT,
 }
 
-_SUMMARY_RE = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
-_TOOL_BLOCK_RE = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
-
 
 def escape_markup(text: str) -> str:
     """Escape ``&``, ``<`` and ``>`` so quoted history cannot open or close any tag."""
@@ -105,12 +104,13 @@ def escape_markup(text: str) -> str:
 
 
 def extract_summary(text: str) -> str | None:
-    """The content of the first ``<summary>...</summary>`` block, or None if absent or empty."""
-    m = _SUMMARY_RE.search(text)
-    if m is None:
+    """The stripped content of the first ``<summary>...</summary>`` block, or None if absent, unterminated
+    or empty. Linear time over the first ``textparse.MAX_TEXT_CHARS`` characters."""
+    text = cap_text(text)
+    block = first_block(text, SUMMARY_OPEN, SUMMARY_CLOSE)
+    if block is None or not block.closed:
         return None
-    body = m.group(1).strip()
-    return body or None
+    return text[block.body_start : block.body_end].strip() or None
 
 
 def serialize_history(question: str, turns: list[dict[str, Any]]) -> str:
@@ -135,7 +135,7 @@ def serialize_history(question: str, turns: list[dict[str, Any]]) -> str:
 def turn_record(text: str, observation: str | None, tools) -> dict[str, Any]:
     """One serialized turn from the assistant text and its observation."""
     calls = [c for c in parse_tool_calls(text, tools) if not isinstance(c, ToolCallError)]
-    thinking = _TOOL_BLOCK_RE.sub("", text).strip()
+    thinking = strip_blocks(cap_text(text), TOOL_OPEN, TOOL_CLOSE).strip()
     call = calls[0] if calls else None
     return {
         "thinking": thinking,

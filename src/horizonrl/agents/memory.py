@@ -74,6 +74,7 @@ from horizonrl.agents.summary import (
 from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import ToolCall, parse_answer, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.textparse import find_any, first_block
 from horizonrl.trajectory import Span, Turn
 
 SUM_OPEN, SUM_CLOSE = "<sum_last_turn>", "</sum_last_turn>"
@@ -91,7 +92,8 @@ SELECTION_INSTRUCTION = (
 SELECTION_HEADER = "Context full. Memory of your turns:"
 MEMORY_HEADER = "Memory:"
 CONTINUATION = "Context rebuilt from memory. Continue the task."
-_LINE = re.compile(r"(?:[-*]\s*)?turn_(\d+)\s*(?::.*)?")
+# At most 9 digits: a longer index is malformed (and never an int() over the interpreter's digit limit).
+_LINE = re.compile(r"(?:[-*]\s*)?turn_(\d{1,9})\s*(?::.*)?")
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -106,14 +108,11 @@ def locate_finding(text: str, cap: int = 300) -> tuple[int, int, str] | None:
     whitespace-collapsed and capped at ``cap`` characters. ``None`` when there is no block and no text.
     """
     visible = strip_thinking(text)
-    cut = min([i for i in (visible.find(t) for t in TOOL_MARKUP) if i >= 0] or [len(visible)])
-    start = visible.find(SUM_OPEN)
-    if 0 <= start < cut:
-        body = start + len(SUM_OPEN)
-        close = visible.find(SUM_CLOSE, body)
-        if close >= 0 and close + len(SUM_CLOSE) <= cut:
-            return start, close + len(SUM_CLOSE), collapse(visible[body:close], cap)
-        return start, cut, collapse(visible[body:cut], cap)
+    cut = find_any(visible, TOOL_MARKUP)
+    cut = len(visible) if cut < 0 else cut
+    block = first_block(visible, SUM_OPEN, SUM_CLOSE, end=cut)
+    if block is not None:
+        return block.start, block.end, collapse(visible[block.body_start : block.body_end], cap)
     finding = collapse(visible[:cut], cap)
     if not finding:
         return None
@@ -148,12 +147,10 @@ def parse_selection(text: str) -> list[int | str]:
     """Entries of the ``<selection>`` block, one per non-empty line: the index of a ``turn_N[: reason]``
     line, or the line itself (malformed). Without a block every non-empty line is malformed."""
     visible = strip_thinking(text)
-    start = visible.find(SEL_OPEN)
-    if start < 0:
+    block = first_block(visible, SEL_OPEN, SEL_CLOSE)
+    if block is None:
         return [line.strip() for line in visible.splitlines() if line.strip()]
-    body = visible[start + len(SEL_OPEN) :]
-    end = body.find(SEL_CLOSE)
-    body = body if end < 0 else body[:end]
+    body = visible[block.body_start : block.body_end]
     out: list[int | str] = []
     for line in (raw.strip() for raw in body.splitlines()):
         if line:
@@ -220,17 +217,20 @@ def repair_selection(
     out_of_range: list[int] = []
     duplicates: list[int] = []
     over_cap: list[int] = []
+    seen: set[int] = set()  # selected or over cap: membership in O(1), so repair is linear in the entries
     for e in entries:
         if isinstance(e, bool) or not isinstance(e, int | np.integer):
             malformed.append(str(e))
         elif int(e) not in valid:
             out_of_range.append(int(e))
-        elif int(e) in selected or int(e) in over_cap:
+        elif int(e) in seen:
             duplicates.append(int(e))
         elif len(selected) >= max_selected:
             over_cap.append(int(e))
+            seen.add(int(e))
         else:
             selected.append(int(e))
+            seen.add(int(e))
     latest = tuple(pool[max(0, len(pool) - keep_latest) :]) if keep_latest else ()
     over_budget: list[int] = []
     total, fits = None, True
