@@ -98,10 +98,19 @@ SubProgram = Generator[Any, Any, Any]
 
 
 def finish(ep: Episode, termination: str) -> None:
-    """End the episode: set its termination and sum the turn rewards into the outcome."""
+    """End the episode: set its termination and sum the turn rewards into the outcome.
+
+    A trailing normal session that never got a turn (the turn limit was reached right
+    after a compaction or reconstruction opened it) is not a session: it is removed,
+    so it is neither counted in a rollout's session count nor trained.
+    """
     ep.done = True
     if ep.is_child:
         return
+    segs = ep.rollout.segments
+    if len(segs) > 1 and segs[-1] is ep.segment and segs[-1].kind == "normal" and not segs[-1].turns:
+        segs.pop()
+        ep.segment = segs[-1]
     ep.rollout.termination = termination
     ep.rollout.reward = float(sum(t.reward for t in ep.rollout.turns))
 

@@ -320,8 +320,14 @@ class MemoryContext(MessageManager):
         retrieval: str = "learned",
         observations: str = "findings",
         embed_fn: Callable[[list[str]], np.ndarray] | None = None,
+        keep_overflow_finding: bool = True,
     ) -> None:
         super().__init__(limits)
+        if not isinstance(keep_overflow_finding, bool):
+            raise ValueError(
+                f"memory context: keep_overflow_finding must be true or false, got {keep_overflow_finding!r}"
+            )
+        self.keep_overflow_finding = keep_overflow_finding
         ints = {
             "max_selected": (max_selected, 0),
             "keep_latest": (keep_latest, 1),
@@ -392,10 +398,20 @@ class MemoryContext(MessageManager):
                 raise RuntimeError(
                     f"memory context: turn {index} overflowed but the loop passed no environment snapshot"
                 )
-            ep.env.restore(snapshot)  # roll the overflow turn back; it is not recorded (not trained)
+            ep.env.restore(snapshot)  # roll the overflow turn's action back: it opens no record
             ep.agent_turns -= 1
             st.rolled_back += 1
             ep.segment.info["rolled_back"] = ep.segment.info.get("rolled_back", 0) + 1
+            if self.keep_overflow_finding and found is not None:
+                # Alg. 1 keeps the overflow turn trainable: its finding completes the previous record,
+                # which the latest-K rule keeps in the final context. Its action was undone, so its
+                # action tokens carry no source (never credited by the provenance mask).
+                turn.spans = [
+                    Span(s.label, s.start, s.end, None) if s.label == "action" else s for s in turn.spans
+                ]
+                turn.tool_calls, turn.observation = 0, None
+                turn.info["rolled_back"] = True
+                ep.segment.turns.append(turn)
             yield from self._reconstruct(ep, st)
             self._metrics(ep)
             return

@@ -45,7 +45,8 @@ from horizonrl.trajectory import Group, Rollout, TokenAdvantages
 
 SIGN_RULES = ("positive", "signed")
 #: ``Rollout.termination`` values that make a rollout invalid for ECHO's group baseline.
-ECHO_INVALID_TERMINATIONS = ("overlong", "error")
+ECHO_INVALID_TERMINATIONS = ("error",)
+OVERLONG_RULES = ("failure", "exclude")
 
 
 def provenance_mask(
@@ -212,14 +213,19 @@ def echo(
     sign_rule: str = "positive",
     dense: bool = False,
     invalid_terminations: Sequence[str] = ECHO_INVALID_TERMINATIONS,
+    overlong: str = "failure",
     normalize_std: bool = True,
     eps: float = 1e-6,
 ) -> TokenAdvantages:
     """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
 
     - ``A``: :func:`valid_group_advantage`; a rollout is *valid* unless its ``termination`` is in
-      ``invalid_terminations`` (default ``("overlong", "error")``: the rebuilt prompt still over budget,
-      or a failed rollout). Invalid rollouts are left out of the mean/std and get 0 on every token.
+      ``invalid_terminations`` (default ``("error",)``). Invalid rollouts are left out of the
+      mean/std and get 0 on every token. Overlong rollouts (more reconstructions than allowed, or a
+      rebuilt prompt still over budget) are, with ``overlong="failure"`` (default; paper §5.1/C.1:
+      "treated as unsuccessful"), failures *in* the baseline with reward 0, and get 0 on their own
+      tokens; ``overlong="exclude"`` leaves them out of the baseline as well (1 success + 7 overlong
+      then gives no update at all).
     - ``sign_rule="positive"`` (the paper, Eq. 14): ``max(A, 0)``, so tied, below-baseline and
       all-correct / all-wrong groups give zero update. ``"signed"``: ``A`` itself (the paper's
       released code).
@@ -231,14 +237,20 @@ def echo(
     """
     if sign_rule not in SIGN_RULES:
         raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {sign_rule!r}")
+    if overlong not in OVERLONG_RULES:
+        raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {overlong!r}")
     bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
+    if overlong == "exclude":
+        bad.add("overlong")
     out: TokenAdvantages = []
     for group in groups:
         valid = [r.termination not in bad for r in group.rollouts]
-        adv = valid_group_advantage(group.rewards, valid, normalize_std=normalize_std, eps=eps)
+        rewards = [0.0 if r.termination == "overlong" else r.reward for r in group.rollouts]
+        adv = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps)
         if sign_rule == "positive":
             adv = np.maximum(adv, 0.0)
-        for rollout, a, ok in zip(group.rollouts, adv, valid, strict=True):
+        trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]
+        for rollout, a, ok in zip(group.rollouts, adv, trained, strict=True):
             if not ok:  # may have stopped mid-selection with no final context: no mask needed
                 out.append([[np.zeros(t.num_response_tokens) for t in seg.turns] for seg in rollout.segments])
                 continue
