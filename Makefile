@@ -40,3 +40,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+
+# Debian packages (bubblewrap for the python sandbox): installed before the venv, skipped with a message
+# where apt-get or root is unavailable. Order-only, so it never forces a reinstall of the venv.
+.PHONY: system-deps
+system-deps:
+	@scripts/system_deps.sh
+$(STAMP): | system-deps

@@ -88,8 +88,8 @@ class MathPythonEnv(ToolEnv):
     ``reasoning_gym.create_dataset``, e.g. ``{"basic_arithmetic": {"max_terms": 3}}``);
     ``max_steps`` per episode; ``partial_credit`` (reward = the dataset's score, or
     1/0); the tool's limits ``timeout_s``, ``cpu_s``, ``memory_mb``,
-    ``max_output_chars``, ``max_file_mb``, ``max_procs``, ``max_code_chars`` (see
-    :class:`~horizonrl.envs.sandbox.SandboxLimits`); ``sandbox`` (``auto``,
+    ``max_output_chars``, ``max_file_mb``, ``max_disk_mb``, ``max_files``, ``max_procs``,
+    ``max_code_chars`` (see :class:`~horizonrl.envs.sandbox.SandboxLimits`); ``sandbox`` (``auto``,
     ``bwrap`` or ``rlimit``).
     """
 
