@@ -117,6 +117,8 @@ def _cmd_serve(args) -> int:
         seed=args.seed,
         max_batch_size=args.max_batch_size,
         default_max_tokens=args.max_tokens,
+        max_request_tokens=args.max_request_tokens,
+        slice_tokens=args.slice_tokens,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
     )
@@ -165,6 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0, help="sampling seed (a request's 'seed' overrides it)")
     sp.add_argument("--max-batch-size", type=int, default=16, help="rows per generation batch")
     sp.add_argument("--max-tokens", type=int, default=512, help="max_tokens of requests that give none")
+    sp.add_argument(
+        "--max-request-tokens", type=int, default=8192, help="cap on n x max_tokens of one request"
+    )
+    sp.add_argument(
+        "--slice-tokens",
+        type=int,
+        default=32,
+        help="decode steps per engine call; requests take turns between slices",
+    )
     sp.add_argument(
         "--cache-dir", default=None, help="where 'tiny' is built (default ~/.cache/horizonrl/tiny)"
     )
