@@ -107,6 +107,11 @@ def _cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         print(f"horizonrl: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
         return 2
+    for flag in ("max_batch_size", "max_tokens", "max_request_tokens", "slice_tokens"):
+        if getattr(args, flag) < 1:
+            name = "--" + flag.replace("_", "-")
+            print(f"horizonrl: error: {name} must be >= 1, got {getattr(args, flag)}", file=sys.stderr)
+            return 2
     serve(
         args.model,
         args.host,

@@ -1,17 +1,20 @@
 """Fair batching of concurrent generation requests over one (non-thread-safe) engine.
 
 Requests become :class:`Job` s (one row per requested completion) in a queue served by one background
-thread. The thread works in *slices*: each engine call generates at most ``slice_tokens`` new tokens
-for the rows it holds, then unfinished rows go back to the queue with their prompt extended by what
-they generated so far (a slice re-reads the prompt; nothing else carries over between calls). Each
-round takes the job at the head of the queue and merges into the same engine call every other waiting
-job with the same sampling parameters (up to ``max_rows`` rows), then moves them all to the back of
-the queue. So
+thread. Each round takes the job at the head of the queue and merges into the same engine call every
+other waiting job with the same sampling parameters (up to ``max_rows`` rows), then moves them to the
+back of the queue if they are not finished. Calls are cut into *slices* of ``slice_tokens`` decode
+steps: unfinished rows go back to the queue with their prompt extended by what they generated so far
+(the next call re-reads it). With an engine that supports ``interrupt=`` (``HFEngine``) a call runs
+to the end of its budget with its KV cache and is only cut when it must be: after a slice, if another
+job is waiting, or as soon as one of its merged jobs is complete; other engines are cut after every
+slice. So
 
 - a request that arrives while another is generating waits at most one slice before its rows run,
   and jobs with different sampling parameters take turns (round-robin);
-- compatible requests share engine calls (continuous batching at the granularity of slices);
-- a job with a ``seed`` runs in engine calls of its own, with its own random stream (saved and
+- compatible requests share engine calls (continuous batching at the granularity of slices), and a
+  lone request pays nothing for it;
+- a job with a ``seed`` runs in fixed slices of its own, with its own random stream (saved and
   restored around each slice), so the same seeded request gives the same completions whatever else
   the server is doing.
 
@@ -282,18 +285,43 @@ class Scheduler:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
 
+    def _interruptible(self, batch: list[Job], rows: int) -> bool:
+        """Whether this call may run to the end of its budget and be cut when someone waits."""
+        fits = rows <= int(getattr(self.engine, "max_batch_size", rows))
+        return batch[0].seed is None and fits and bool(getattr(self.engine, "supports_interrupt", False))
+
+    def _interrupt(self, batch: list[Job], rows: list[tuple[Job, RowState]]):
+        """``interrupt(steps, live)`` for the engine: stop once another job waits (after a slice), or
+        as soon as one job of the batch is complete (all its rows ended or at their budget)."""
+        owner = [id(job) for job, _ in rows]
+        budget = {id(job): max(job.params.max_new_tokens - len(r.ids) for r in job.live()) for job in batch}
+
+        def interrupt(steps: int, live: list[int]) -> bool:
+            if steps >= self.slice_tokens and self._queue:
+                return True
+            if len(batch) == 1:
+                return False
+            alive = {owner[i] for i in live}
+            return any(key not in alive or steps >= b for key, b in budget.items())
+
+        return interrupt
+
     def _run_slice(self, batch: list[Job]) -> None:
         rows = [(job, row) for job in batch for row in job.live()]
         head = batch[0]
-        budget = max(head.params.max_new_tokens - len(row.ids) for _, row in rows)
-        params = replace(head.params, max_new_tokens=max(1, min(self.slice_tokens, budget)))
+        budget = max(job.params.max_new_tokens - len(row.ids) for job, row in rows)
+        interruptible = self._interruptible(batch, len(rows))
+        steps = budget if interruptible else min(self.slice_tokens, budget)
+        params = replace(head.params, max_new_tokens=max(1, steps))
         prompts = [row.prompt + row.ids for _, row in rows]
         now = time.monotonic()
         for job in batch:
             if job.first_slice_at is None:
                 job.first_slice_at = now
         with self.engine_lock:
-            if head.seed is not None:
+            if interruptible:
+                gens = self.engine.generate(prompts, params, interrupt=self._interrupt(batch, rows))
+            elif head.seed is not None:
                 shared = self.engine.rng_state()
                 if head.rng_state is None:
                     self.engine.set_seed(head.seed)
@@ -310,10 +338,10 @@ class Scheduler:
         self.stats["rows_generated"] += len(rows)
         for (job, row), gen in zip(rows, gens, strict=True):
             with job._lock:
-                self._update_row(job, row, gen)
+                self._update_row(job, row, gen, steps)
             self.stats["tokens_generated"] += len(gen.ids)
 
-    def _update_row(self, job: Job, row: RowState, gen) -> None:
+    def _update_row(self, job: Job, row: RowState, gen, asked: int) -> None:
         room = job.params.max_new_tokens - len(row.ids)
         take = min(len(gen.ids), room)
         start = len(row.ids)
@@ -328,8 +356,10 @@ class Scheduler:
             row.finish_reason = "stop"
             if "stop" in gen.meta:
                 row.meta["stop"] = gen.meta["stop"]
-        elif len(row.ids) >= job.params.max_new_tokens or len(gen.ids) < min(self.slice_tokens, room):
+        elif len(row.ids) >= job.params.max_new_tokens:
             row.finish_reason = "length"
+        elif not gen.meta.get("interrupted") and len(gen.ids) < min(asked, room):
+            row.finish_reason = "length"  # an engine that ended a row early without saying why
         if row.finish_reason is None and job.params.stop and start > 0 and self.tokenizer is not None:
             hit = _first_stop(
                 lambda ids: self._decode(ids, skip_special=False), row.ids, start, job.params.stop

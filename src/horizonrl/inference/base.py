@@ -56,6 +56,8 @@ class Engine(ABC):
     #: Whether ``generate`` honours ``SamplingParams.top_logprobs`` / ``SamplingParams.ignore_eos``.
     supports_top_logprobs: bool = False
     supports_ignore_eos: bool = False
+    #: Whether ``generate`` accepts ``interrupt=`` (see :meth:`HFEngine.generate`): serving preemption.
+    supports_interrupt: bool = False
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -127,7 +127,8 @@ class _StopWatcher:
 class HFEngine(Engine):
     """Batched KV-cache sampler over a Hugging Face causal LM.
 
-    Honours ``SamplingParams.top_logprobs`` and ``ignore_eos``.
+    Honours ``SamplingParams.top_logprobs`` and ``ignore_eos``; ``generate(..., interrupt=f)`` stops early
+    when ``f(steps)`` says so (the serving scheduler's preemption point).
 
     Args:
         model: any ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids, ...)``).
@@ -141,6 +142,7 @@ class HFEngine(Engine):
 
     supports_top_logprobs = True
     supports_ignore_eos = True
+    supports_interrupt = True
 
     def __init__(
         self,
@@ -243,7 +245,13 @@ class HFEngine(Engine):
             tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered])[0]
         return tokens
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        interrupt: Callable[[int, list[int]], bool] | None = None,
+    ) -> list[Generation]:
         """Sample one continuation per prompt (log-probs as in the module docstring).
 
         A generation ends after an eos id (kept in ``ids``; not with ``params.ignore_eos``), after the
@@ -251,6 +259,11 @@ class HFEngine(Engine):
         tokens), or after ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos
         id or stop string. With ``params.top_logprobs = k``, ``meta["top_logprobs"]`` holds the ``k``
         most likely ``(id, logprob)`` pairs of every step.
+
+        ``interrupt(steps, live)`` is asked after every decode step of a batch chunk (``live``: the
+        indices into ``prompts`` of its rows still generating); when it returns True the chunk stops
+        there and its unfinished rows end with ``finish_reason="length"`` and ``meta["interrupted"] =
+        True`` (a scheduler continues them later from ``prompt + ids``).
         """
         prompts = [list(p) for p in prompts]
         if any(not p for p in prompts):
@@ -263,11 +276,21 @@ class HFEngine(Engine):
         with _eval_mode(self.model):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
-                gens = self._generate_chunk([prompts[i] for i in chunk], params)
+                stop_early = None
+                if interrupt is not None:
+                    stop_early = functools.partial(
+                        lambda c, steps, local: interrupt(steps, [c[i] for i in local]), chunk
+                    )
+                gens = self._generate_chunk([prompts[i] for i in chunk], params, stop_early)
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        interrupt: Callable[[int, list[int]], bool] | None = None,
+    ) -> list[Generation]:
         n = len(prompts)
         ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
         cache = self._new_cache()
@@ -298,6 +321,11 @@ class HFEngine(Engine):
                     reasons[i], live[r], meta[i]["stop"] = "stop", False, hit
             n_live = sum(live)
             if n_live == 0 or step == params.max_new_tokens - 1:
+                break
+            if interrupt is not None and interrupt(step + 1, [rows[r] for r in range(len(rows)) if live[r]]):
+                for r in range(len(rows)):
+                    if live[r]:
+                        meta[rows[r]]["interrupted"] = True
                 break
             if n_live < len(rows) and (len(rows) - n_live) >= self.compact_fraction * len(rows):
                 keep = [r for r in range(len(rows)) if live[r]]
