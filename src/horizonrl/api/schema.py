@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 __all__ = [
     "BadRequest",
@@ -95,17 +96,17 @@ class ChatRequest(BaseModel):
     tools: list[_ToolSpec] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False, strict=True)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False, strict=True)
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     stop: str | list[str] | None = None
-    n: int | None = Field(None, ge=1, le=16)
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    n: int | None = Field(None, ge=1, le=16, strict=True)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, strict=True)
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, strict=True)
     ignore_eos: bool | None = None
     response_format: Any = None
     logit_bias: dict[str, float] | None = None
@@ -209,8 +210,13 @@ def error_body(message: str, param: str | None, kind: str = "invalid_request_err
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list", "_TextPart", "_StreamOptions"}
+
+
 def _field(loc: tuple) -> str:
+    """``messages.0.content`` from a pydantic location (``body`` and union-member tags dropped)."""
     parts = [str(p) for p in loc if p != "body"]
+    parts = [p for p in parts if p not in _TYPE_TAGS and "[" not in p and not p.startswith("function-")]
     return ".".join(parts) or "body"
 
 
@@ -246,3 +252,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _on_bad_request(request: Request, exc: BadRequest):
         kind = _KINDS.get(exc.status, "invalid_request_error")
         return JSONResponse(status_code=exc.status, content=error_body(exc.message, exc.param, kind))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:  # the body could not be parsed (bad JSON, huge integers, deep nesting)
+            message, param = f"body: the request body cannot be parsed as JSON ({exc.detail})", "body"
+        elif exc.status_code in (404, 405):
+            message, param = f"path: {request.method} {request.url.path}: {exc.detail}", "path"
+        else:
+            message, param = str(exc.detail), None
+        kind = _KINDS.get(exc.status_code, "invalid_request_error")
+        return JSONResponse(status_code=exc.status_code, content=error_body(message, param, kind))
