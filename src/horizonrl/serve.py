@@ -21,7 +21,6 @@ any local Hugging Face model directory, a training checkpoint (``checkpoints/ste
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,45 +30,24 @@ except ImportError as e:  # pragma: no cover - fastapi is in the "serve" extra
     raise ImportError("horizonrl serve needs fastapi and uvicorn: pip install 'horizonrl[serve]'") from e
 
 from horizonrl.api.chat import ChatService, extract_tool_calls
+from horizonrl.api.routes import add_model_routes, context_size, prepare_engine
 from horizonrl.api.scheduler import Scheduler
-from horizonrl.api.schema import BadRequest, ChatRequest, install_error_handlers
+from horizonrl.api.schema import ChatRequest, install_error_handlers
 from horizonrl.inference.base import Engine
 from horizonrl.models.chat import ChatRenderer
 
-__all__ = ["ChatRequest", "create_app", "extract_tool_calls", "load_app", "resolve_model_path", "serve"]
+__all__ = [
+    "ChatRequest",
+    "create_app",
+    "extract_tool_calls",
+    "load_app",
+    "load_engine",
+    "resolve_model_path",
+    "serve",
+    "serve_gateway",
+]
 
 DEFAULT_CACHE = Path.home() / ".cache" / "horizonrl"
-
-
-def context_size(engine: Engine) -> int | None:
-    """The model's context length (``max_position_embeddings``), if the engine has a model config."""
-    config = getattr(getattr(engine, "model", None), "config", None)
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
-def prepare_engine(engine: Engine, renderer: ChatRenderer) -> None:
-    """Stop at the template's end-of-turn token too (e.g. ``<|eot_id|>``)."""
-    if hasattr(engine, "eos_ids"):
-        engine.eos_ids = frozenset(engine.eos_ids) | {renderer.eos_id}
-
-
-def add_model_routes(app: FastAPI, model_name: str) -> None:
-    """``GET /v1/models`` and ``GET /v1/models/{id}`` (404 naming ``model`` for another id)."""
-    created = int(time.time())
-    card = {"id": model_name, "object": "model", "created": created, "owned_by": "horizonrl"}
-
-    @app.get("/v1/models")
-    def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card]}
-
-    @app.get("/v1/models/{model_id:path}")
-    def model(model_id: str) -> dict[str, Any]:
-        if model_id != model_name:
-            raise BadRequest(
-                404, f"model: {model_id!r} is not served here; this server serves {model_name!r}", "model"
-            )
-        return card
 
 
 # -- the app ---------------------------------------------------------------------------------------------
@@ -219,3 +197,45 @@ def serve(
         raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
     app = load_app(model_path, **load_kwargs)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def serve_gateway(
+    model_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    out_dir: str | Path = "runs/gateway",
+    log_level: str = "info",
+    default_max_tokens: int = 512,
+    max_request_tokens: int = 8192,
+    slice_tokens: int = 32,
+    **engine_kwargs: Any,
+) -> None:
+    """``horizonrl gateway MODEL``: the recording gateway (:class:`horizonrl.gateway.Gateway`) over a
+    loaded model, without training. Episodes open on their first call; when a reward is posted the
+    episode's rollout is appended to ``out_dir/rollouts.jsonl`` and the episode is closed."""
+    import uvicorn
+
+    from horizonrl.gateway import Gateway
+    from horizonrl.trajectory import write_jsonl
+
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in [0, 65535], got {port!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    engine, tokenizer, model_name = load_engine(model_path, **engine_kwargs)
+
+    def on_reward(episode_id: str) -> None:
+        write_jsonl(out / "rollouts.jsonl", [gateway.recorder.rollout(episode_id)], append=True)
+        gateway.recorder.close(episode_id)
+
+    gateway = Gateway(
+        engine,
+        tokenizer,
+        model_name,
+        default_max_tokens=default_max_tokens,
+        max_request_tokens=max_request_tokens,
+        slice_tokens=slice_tokens,
+        on_reward=on_reward,
+    )
+    uvicorn.run(gateway.app, host=host, port=port, log_level=log_level)

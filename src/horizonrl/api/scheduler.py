@@ -174,6 +174,7 @@ class Scheduler:
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._paused = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -191,7 +192,9 @@ class Scheduler:
         job = Job(prompts, params, seed)
         with self._cv:
             if self._closed:
-                raise RuntimeError("Scheduler is closed")
+                raise RuntimeError("the server is shutting down")
+            if self._paused:
+                raise RuntimeError("the engine is paused (the policy is being updated); retry later")
             self._queue.append(job)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="horizonrl-scheduler", daemon=True)
@@ -202,6 +205,24 @@ class Scheduler:
     def pending(self) -> int:
         with self._cv:
             return len(self._queue)
+
+    def pause(self) -> None:
+        """Refuse new jobs, cancel the queued ones and wait for the engine call in flight to end; after
+        this the engine is idle until :meth:`resume` (a trainer updates its weights meanwhile)."""
+        with self._cv:
+            self._paused = True
+            jobs = list(self._queue)
+            self._queue.clear()
+        for job in jobs:
+            job.cancel()
+            job._finish()
+            job._notify()
+        with self.engine_lock:
+            pass
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
 
     def close(self) -> None:
         """Stop the thread after the current slice; queued jobs end as cancelled."""
@@ -273,8 +294,9 @@ class Scheduler:
                     requeue.append(job)
                 job._notify()
             with self._cv:
-                if self._closed:
+                if self._closed or self._paused:
                     for job in requeue:
+                        job.cancel()
                         job._finish()
                         job._notify()
                 else:

@@ -33,7 +33,7 @@ from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
-from horizonrl.trajectory import build_rows, write_jsonl
+from horizonrl.trajectory import Group, build_rows, write_jsonl
 
 NONDETERMINISTIC_KEYS = ("time/", "throughput/")
 
@@ -209,22 +209,27 @@ class GroupTrainer:
         finally:
             self.engine.set_rng_state(saved)
 
-    def train_step(self) -> dict[str, float]:
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
-        groups = collect_groups(
+    def collect(self, tasks) -> list[Group]:
+        """The groups of this step: ``rollout.group_size`` rollouts of each task."""
+        r = self.cfg.rollout
+        return collect_groups(
             self.engine,
             self.renderer,
             self.make_env,
             tasks,
-            cfg.rollout.group_size,
+            r.group_size,
             self.params,
             self.limits,
             tag=f"s{self.step}-",
             agent=self.agent,
             spec=self.spec,
         )
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
+        groups = self.collect(tasks)
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
         self.extra_metrics = {}
