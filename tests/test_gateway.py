@@ -418,3 +418,71 @@ def test_gateway_trainer_config_errors(tiny_model_dir, tmp_path):
         make_trainer(from_dict({**base, "gateway": {"command": "true", "reward": "bogus"}}))
     with pytest.raises(ConfigError, match=r"gateway\.port=70000"):
         from_dict({**base, "gateway": {"port": 70000}})
+
+
+COMMAND_HARNESS = textwrap.dedent(
+    """
+    import json, os
+    import httpx, openai
+    task = json.load(open(os.environ["HORIZONRL_TASK_FILE"]))
+    client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL / OPENAI_API_KEY come from the gateway
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": task["prompt"]}],
+                                         max_tokens=4)
+    httpx.post(os.environ["HORIZONRL_REWARD_URL"], json={"reward": 0.5, "final_answer": task["answer"]})
+    print(0.5)
+    """
+)
+
+
+def test_cli_gateway_records_a_command_harness(tiny_model_dir, tmp_path):
+    """`horizonrl gateway MODEL --out DIR` (record only) and a command harness with its environment."""
+    import os
+    import socket
+    import subprocess
+    import time
+
+    from horizonrl.envs.base import Task
+    from horizonrl.gateway.harness import EpisodeRun, Harness
+    from horizonrl.trajectory import read_jsonl
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "horizonrl.cli", "gateway", str(tiny_model_dir), "--port", str(port)]
+    cmd += ["--out", str(out), "--device", "cpu", "--model-name", "tiny", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "horizonrl gateway did not start"
+            time.sleep(0.1)
+        script = tmp_path / "agent.py"
+        script.write_text(COMMAND_HARNESS)
+        harness = Harness(command=f"{sys.executable} {script}", timeout_s=60, workdir=tmp_path / "h")
+        task = Task(id="t1", prompt="What is 2+2?", answer="4")
+        res = harness.run(EpisodeRun("cmd-1", task, url))
+        assert (res.reward, res.error, res.timed_out) == (0.5, None, False)
+        (rollout,) = read_jsonl(out / "rollouts.jsonl")
+        assert (rollout.uid, rollout.reward, rollout.final_answer, rollout.num_turns) == (
+            "cmd-1",
+            0.5,
+            "4",
+            1,
+        )
+        closed = httpx.post(f"{url}/episodes/cmd-1/v1/chat/completions", json=_X)
+        assert closed.status_code == 409  # a rewarded episode is closed in record-only mode
+        slow = Harness(command="sleep 30", timeout_s=0.5, workdir=tmp_path / "h")
+        t0 = time.monotonic()
+        res = slow.run(EpisodeRun("cmd-2", task, url))
+        assert res.timed_out and time.monotonic() - t0 < 5
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
