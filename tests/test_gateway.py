@@ -344,20 +344,27 @@ def test_openai_agents_sdk_tool_round_trip_is_one_session(gw):
 
 HARNESS = textwrap.dedent(
     '''
-    """A tiny agent loop against the gateway; used by test_gateway.py."""
+    """A tiny agent loop with context compaction against the gateway; used by test_gateway.py."""
     import httpx
     import openai
 
     def run(task, base_url, episode_id, reward_url):
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
         msgs = [{"role": "user", "content": task["prompt"]}]
-        first = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6)
+        first = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6, temperature=0.5)
         msgs += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "Answer now."}]
+                 {"role": "user", "content": "Go on."}]
         second = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6)
+        history = "\\n".join(m["content"] for m in msgs) + second.choices[0].message.content
+        summary = client.chat.completions.create(
+            model="policy", max_tokens=30, extra_body={"ignore_eos": True},
+            messages=[{"role": "system", "content": "Summarize."}, {"role": "user", "content": history}],
+        ).choices[0].message.content
+        fresh = [{"role": "user", "content": task["prompt"] + "\\nNotes: " + summary.strip()}]
+        final = client.chat.completions.create(model="policy", messages=fresh, max_tokens=6)
         if episode_id.endswith("-1") and episode_id.startswith("s"):
             return None  # this harness never reports an outcome for its second episode of a task
-        text = second.choices[0].message.content or ""
+        text = final.choices[0].message.content or ""
         httpx.post(reward_url, json={"reward": float(len(text) % 2)})  # any outcome the harness computes
         return None
     '''
@@ -385,6 +392,7 @@ def test_gateway_trainer_two_steps(tiny_model_dir, tmp_path, monkeypatch):
                 "save_every": 0,
                 "progress": False,
             },
+            "algo": {"estimator": "mosaic"},
             "gateway": {"callable": "my_harness:run", "reward_timeout_s": 0.5},
         }
     )
@@ -395,13 +403,17 @@ def test_gateway_trainer_two_steps(tiny_model_dir, tmp_path, monkeypatch):
     for m in steps:
         assert m["gateway/episodes"] == 6
         assert m["gateway/dropped_episodes"] == 2 == m["gateway/unrewarded_episodes"]  # one per task
-        assert m["gateway/spliced_call_rate"] == 0.5  # every second call continues the first
-        assert m["rollout/sessions_mean"] == 1.0 and m["rollout/turns_mean"] == 2.0
+        assert m["gateway/spliced_call_rate"] == 0.25  # the second of four calls continues the first
+        assert m["gateway/overridden_sampling"] == 6  # the first call asked for temperature 0.5
+        assert m["rollout/sessions_mean"] == 3.0 and m["rollout/turns_mean"] == 4.0
+        assert m["rollout/sessions_compaction_mean"] == 1.0
+        assert m["ig/eligible_sessions"] == 8  # Mosaic: the first and the compaction session of 4 rollouts
         assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3
     rollouts = list(read_jsonl(tmp_path / "run" / "rollouts" / "step_2.jsonl"))
     assert len(rollouts) == 4 and all(r.env["rewarded"] for r in rollouts)
     assert sorted(r.uid for r in rollouts) == ["s1-0-0", "s1-0-2", "s1-1-0", "s1-1-2"]
     assert all(r.reward in (0.0, 1.0) for r in rollouts)
+    assert all([s.kind for s in r.segments] == ["normal", "compaction", "normal"] for r in rollouts)
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
