@@ -321,7 +321,7 @@ def test_sampler_frequencies(model, tokenizer, scale, top_p):
     cases = [(SamplingParams(), probs), (SamplingParams(top_p=top_p), torch.zeros(vocab))]
     cases[1][1][nucleus] = probs[nucleus] / probs[nucleus].sum()
     for params, want in cases:
-        tokens, logprobs = engine._sample(logits.expand(n, vocab), params)
+        tokens, logprobs, _ = engine._sample(logits.expand(n, vocab), params)
         freq = torch.bincount(tokens, minlength=vocab).double() / n
         assert (freq - want).abs().max() < 0.015
         assert freq[want == 0].sum() == 0

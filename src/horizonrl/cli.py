@@ -144,8 +144,9 @@ def _cmd_serve(args) -> int:
     except ImportError as e:  # fastapi/uvicorn are the optional "serve" extra
         print(f"horizonrl: error: {e}", file=sys.stderr)
         return 2
-    if not 0 <= args.port <= 65535:
-        print(f"horizonrl: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+    error = _check_server_args(args)
+    if error:
+        print(f"horizonrl: error: {error}", file=sys.stderr)
         return 2
     serve(
         args.model,
@@ -157,10 +158,94 @@ def _cmd_serve(args) -> int:
         seed=args.seed,
         max_batch_size=args.max_batch_size,
         default_max_tokens=args.max_tokens,
+        max_request_tokens=args.max_request_tokens,
+        slice_tokens=args.slice_tokens,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
     )
     return 0
+
+
+def _cmd_gateway(args) -> int:
+    if args.config is not None or args.overrides:  # trainer mode
+        from horizonrl.train.trainers import make_trainer
+
+        if args.model is not None:
+            args.overrides = [args.model, *args.overrides]  # argparse put the first override there
+        cfg = load_config(args.config, [*args.overrides, "train.trainer=gateway"])
+        try:
+            records = make_trainer(cfg, resume=args.resume).fit()
+        except RuntimeError as e:  # e.g. every episode of a step was dropped
+            print(f"horizonrl: error: {e}", file=sys.stderr)
+            return 1
+        last = records[-1] if records else {}
+        print(json.dumps({k: v for k, v in last.items() if k.startswith(("eval/", "step", "gateway/"))}))
+        return 0
+    if args.model is None:
+        print("horizonrl: error: gateway needs MODEL (record only) or --config (train)", file=sys.stderr)
+        return 2
+    try:
+        from horizonrl.serve import serve_gateway
+    except ImportError as e:
+        print(f"horizonrl: error: {e}", file=sys.stderr)
+        return 2
+    error = _check_server_args(args)
+    if error:
+        print(f"horizonrl: error: {error}", file=sys.stderr)
+        return 2
+    serve_gateway(
+        args.model,
+        args.host,
+        args.port,
+        out_dir=args.out,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_batch_size=args.max_batch_size,
+        default_max_tokens=args.max_tokens,
+        max_request_tokens=args.max_request_tokens,
+        slice_tokens=args.slice_tokens,
+        cache_dir=args.cache_dir,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def _check_server_args(args) -> str | None:
+    if not 0 <= args.port <= 65535:
+        return f"--port must be in [0, 65535], got {args.port}"
+    for flag in ("max_batch_size", "max_tokens", "max_request_tokens", "slice_tokens"):
+        if getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+    return None
+
+
+def _server_args(sp) -> None:
+    """Flags shared by ``serve`` and ``gateway``."""
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--model-name", default=None, help="name clients send as 'model' (default: from MODEL)")
+    sp.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    sp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    sp.add_argument("--seed", type=int, default=0, help="sampling seed (a request's 'seed' overrides it)")
+    sp.add_argument("--max-batch-size", type=int, default=16, help="rows per generation batch")
+    sp.add_argument("--max-tokens", type=int, default=512, help="max_tokens of requests that give none")
+    sp.add_argument(
+        "--max-request-tokens", type=int, default=8192, help="cap on n x max_tokens of one request"
+    )
+    sp.add_argument(
+        "--slice-tokens",
+        type=int,
+        default=32,
+        help="decode steps per engine call; requests take turns between slices",
+    )
+    sp.add_argument(
+        "--cache-dir", default=None, help="where 'tiny' is built (default ~/.cache/horizonrl/tiny)"
+    )
+    sp.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,21 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="OpenAI-compatible chat-completions server for a model")
     sp.add_argument("model", help="'tiny', 'smollm2', a model directory, a checkpoint or a run directory")
-    sp.add_argument("--host", default="127.0.0.1")
-    sp.add_argument("--port", type=int, default=8000)
-    sp.add_argument("--model-name", default=None, help="name clients send as 'model' (default: from MODEL)")
-    sp.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
-    sp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    sp.add_argument("--seed", type=int, default=0, help="sampling seed (a request's 'seed' overrides it)")
-    sp.add_argument("--max-batch-size", type=int, default=16, help="rows per generation batch")
-    sp.add_argument("--max-tokens", type=int, default=512, help="max_tokens of requests that give none")
-    sp.add_argument(
-        "--cache-dir", default=None, help="where 'tiny' is built (default ~/.cache/horizonrl/tiny)"
-    )
-    sp.add_argument(
-        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace")
-    )
+    _server_args(sp)
     sp.set_defaults(fn=_cmd_serve)
+
+    sp = sub.add_parser(
+        "gateway",
+        help="recording OpenAI-compatible gateway: MODEL records episodes; --config trains a harness",
+    )
+    sp.add_argument("model", nargs="?", default=None, help="model to serve (record-only mode), as for serve")
+    sp.add_argument("--config", "-c", default=None, help="YAML config: train the configured harness")
+    sp.add_argument("--resume", action="store_true", help="resume training from the latest checkpoint")
+    sp.add_argument("--out", default="runs/gateway", help="record-only mode: where rollouts.jsonl goes")
+    _server_args(sp)
+    sp.add_argument("overrides", nargs="*", help="section.field=value overrides (trainer mode)")
+    sp.set_defaults(fn=_cmd_gateway)
 
     sp = sub.add_parser("quickstart", help="tiny model: SFT warm start, GRPO, before/after table")
     sp.add_argument("--out", default="runs/quickstart")

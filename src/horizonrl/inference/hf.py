@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -127,6 +127,9 @@ class _StopWatcher:
 class HFEngine(Engine):
     """Batched KV-cache sampler over a Hugging Face causal LM.
 
+    Honours ``SamplingParams.top_logprobs`` and ``ignore_eos``; ``generate(..., interrupt=f)`` stops early
+    when ``f(steps)`` says so (the serving scheduler's preemption point).
+
     Args:
         model: any ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids, ...)``).
         tokenizer: its tokenizer (used for eos/pad ids, stop strings and ``Generation.text``); may be None.
@@ -136,6 +139,10 @@ class HFEngine(Engine):
         compact_fraction: finished rows are dropped from the batch and cache once at least this
             fraction of the running rows has finished (0 drops them at once; 1 never drops them).
     """
+
+    supports_top_logprobs = True
+    supports_ignore_eos = True
+    supports_interrupt = True
 
     def __init__(
         self,
@@ -196,22 +203,32 @@ class HFEngine(Engine):
         except TypeError:  # older transformers
             return DynamicCache()
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one token per row; return ``(tokens, logprobs)`` under the temperature-scaled distribution."""
+    def _sample(self, logits: torch.Tensor, params: SamplingParams):
+        """Draw one token per row; return ``(tokens, logprobs, top)`` under the temperature-scaled
+        distribution; ``top`` is ``(logprobs, ids)`` of the ``params.top_logprobs`` best tokens, or None."""
         x = logits.float()
         if params.greedy:
             tokens = x.argmax(dim=-1)
-            return tokens, x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, -1)
-        if params.temperature != 1:
-            x = x / params.temperature
-        peak = x.amax(dim=-1, keepdim=True)
-        weights = (x - peak).exp_()  # unnormalised probabilities, max 1
-        total = weights.sum(dim=-1, keepdim=True)
-        if params.top_p < 1:
-            tokens = self._draw_nucleus(weights, total, params.top_p)
+            lse = torch.logsumexp(x, -1)
+            lp = x.gather(-1, tokens[:, None]).squeeze(-1) - lse
+            lse = lse[:, None]
         else:
-            tokens = _draw(weights, self._generator)
-        return tokens, (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
+            if params.temperature != 1:
+                x = x / params.temperature
+            peak = x.amax(dim=-1, keepdim=True)
+            weights = (x - peak).exp_()  # unnormalised probabilities, max 1
+            total = weights.sum(dim=-1, keepdim=True)
+            if params.top_p < 1:
+                tokens = self._draw_nucleus(weights, total, params.top_p)
+            else:
+                tokens = _draw(weights, self._generator)
+            lp = (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
+            lse = peak + total.log() if params.top_logprobs else None
+        top = None
+        if params.top_logprobs:
+            best = x.topk(min(params.top_logprobs, x.shape[-1]), dim=-1)
+            top = (best.values - lse, best.indices)
+        return tokens, lp, top
 
     def _draw_nucleus(self, weights: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
         """Sample within the nucleus: tokens whose higher-ranked mass is < top_p (the first always)."""
@@ -228,12 +245,25 @@ class HFEngine(Engine):
             tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered])[0]
         return tokens
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        interrupt: Callable[[int, list[int]], bool] | None = None,
+    ) -> list[Generation]:
         """Sample one continuation per prompt (log-probs as in the module docstring).
 
-        A generation ends after an eos id (kept in ``ids``), after the token that completes a stop
-        string (kept; ``text`` is the decode of ``ids`` without special tokens), or after
-        ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos id or stop string.
+        A generation ends after an eos id (kept in ``ids``; not with ``params.ignore_eos``), after the
+        token that completes a stop string (kept; ``text`` is the decode of ``ids`` without special
+        tokens), or after ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos
+        id or stop string. With ``params.top_logprobs = k``, ``meta["top_logprobs"]`` holds the ``k``
+        most likely ``(id, logprob)`` pairs of every step.
+
+        ``interrupt(steps, live)`` is asked after every decode step of a batch chunk (``live``: the
+        indices into ``prompts`` of its rows still generating); when it returns True the chunk stops
+        there and its unfinished rows end with ``finish_reason="length"`` and ``meta["interrupted"] =
+        True`` (a scheduler continues them later from ``prompt + ids``).
         """
         prompts = [list(p) for p in prompts]
         if any(not p for p in prompts):
@@ -246,11 +276,21 @@ class HFEngine(Engine):
         with _eval_mode(self.model):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
-                gens = self._generate_chunk([prompts[i] for i in chunk], params)
+                stop_early = None
+                if interrupt is not None:
+                    stop_early = functools.partial(
+                        lambda c, steps, local: interrupt(steps, [c[i] for i in local]), chunk
+                    )
+                gens = self._generate_chunk([prompts[i] for i in chunk], params, stop_early)
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        interrupt: Callable[[int, list[int]], bool] | None = None,
+    ) -> list[Generation]:
         n = len(prompts)
         ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
         cache = self._new_cache()
@@ -260,14 +300,17 @@ class HFEngine(Engine):
         reasons = ["length"] * n
         meta: list[dict] = [{} for _ in range(n)]
         watchers = [_StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
-        eos = self.eos_ids
+        eos = frozenset() if params.ignore_eos else self.eos_ids
         rows = list(range(n))  # batch row -> prompt index
         live = [True] * n  # per batch row: still generating
         steps: list[tuple[list[int], torch.Tensor]] = []  # (rows, logprobs) per step, fetched at the end
+        tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logprobs, ids) of the best tokens per step
         ones = torch.ones((n, 1), dtype=mask.dtype, device=self.device)
         for step in range(params.max_new_tokens):
-            tokens, logprobs = self._sample(logits, params)
+            tokens, logprobs, top = self._sample(logits, params)
             steps.append((rows, logprobs))
+            if top is not None:
+                tops.append(top)
             for r, tok in enumerate(tokens.tolist()):
                 if not live[r]:
                     continue
@@ -279,6 +322,11 @@ class HFEngine(Engine):
             n_live = sum(live)
             if n_live == 0 or step == params.max_new_tokens - 1:
                 break
+            if interrupt is not None and interrupt(step + 1, [rows[r] for r in range(len(rows)) if live[r]]):
+                for r in range(len(rows)):
+                    if live[r]:
+                        meta[rows[r]]["interrupted"] = True
+                break
             if n_live < len(rows) and (len(rows) - n_live) >= self.compact_fraction * len(rows):
                 keep = [r for r in range(len(rows)) if live[r]]
                 index = torch.tensor(keep, device=self.device)
@@ -289,12 +337,18 @@ class HFEngine(Engine):
             logits = self._forward(tokens[:, None], mask, next_pos, cache, keep=1)[:, -1]
             next_pos = next_pos + 1
         flat = torch.cat([lp for _, lp in steps]).tolist() if steps else []
+        top_lp = torch.cat([t[0] for t in tops]).tolist() if tops else []
+        top_ids = torch.cat([t[1] for t in tops]).tolist() if tops else []
         out_lp: list[list[float]] = [[] for _ in range(n)]
         k = 0
         for step_rows, _ in steps:
             for i in step_rows:
                 if len(out_lp[i]) < len(out_ids[i]):
                     out_lp[i].append(flat[k])
+                    if tops:
+                        meta[i].setdefault("top_logprobs", []).append(
+                            list(zip(top_ids[k], top_lp[k], strict=True))
+                        )
                 k += 1
         tok = self.tokenizer
         texts = tok.batch_decode(out_ids, skip_special_tokens=True) if tok is not None else [""] * n

@@ -45,7 +45,7 @@ from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
-from horizonrl.trajectory import build_rows, write_jsonl
+from horizonrl.trajectory import Group, build_rows, write_jsonl
 
 NONDETERMINISTIC_KEYS = ("time/", "throughput/")
 
@@ -255,7 +255,7 @@ class GroupTrainer(Trainer):
         (self.run_dir / "eval" / f"step_{self.step}.json").write_text(json.dumps(record) + "\n")
         return out
 
-    def collect(self, tasks) -> list:
+    def collect(self, tasks) -> list[Group]:
         """``G`` rollouts of every task through the configured agent program (one batched drive)."""
         return collect_groups(
             self.rollout_engine,

@@ -2,7 +2,8 @@
 
 ``group`` (:class:`~horizonrl.train.group_trainer.GroupTrainer`: GRPO, Mosaic,
 CCPO, ECHO and every estimator over groups of rollouts) is built in; the
-reverse-turn trainers register themselves in their modules (``rtpo``, ``seeupo``).
+reverse-turn trainers register themselves in their modules (``rtpo``, ``seeupo``),
+and so does the recording-gateway trainer (``gateway``, needs the serve extra).
 A trainer is constructed as ``cls(cfg, resume=bool)`` and trained with ``fit()``.
 """
 
@@ -14,7 +15,12 @@ from typing import Any
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 # Modules that register trainers; imported on first use (they pull in torch and models).
-_MODULES = ("horizonrl.train.group_trainer", "horizonrl.train.rtpo_trainer", "horizonrl.train.seeupo")
+_MODULES = (
+    "horizonrl.train.group_trainer",
+    "horizonrl.train.rtpo_trainer",
+    "horizonrl.train.seeupo",
+    "horizonrl.train.gateway_trainer",
+)
 
 
 def register_trainer(name: str):
