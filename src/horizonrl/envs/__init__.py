@@ -21,6 +21,7 @@ from horizonrl.envs.lookup import LookupEnv
 from horizonrl.envs.math_tool import (
     MathPythonEnv,
 )  # registers "math_python"; reasoning-gym loads on first use
+from horizonrl.envs.mcp import MCPEnv  # registers "mcp"; the mcp SDK loads on first use
 from horizonrl.envs.registry import get_env, import_env_modules, list_envs, make_env, register_env
 from horizonrl.envs.rooms import RoomsEnv
 from horizonrl.envs.search import SearchEnv  # registers "search"; bm25s/faiss/torch load on first use
@@ -41,6 +42,7 @@ __all__ = [
     "Env",
     "HouseholdEnv",
     "LookupEnv",
+    "MCPEnv",
     "MathPythonEnv",
     "QAEnv",
     "RoomsEnv",

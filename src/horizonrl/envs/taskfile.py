@@ -8,14 +8,14 @@
 
 ``path`` is a ``.jsonl``/``.json``/``.csv``/``.parquet`` file, or ``{train: FILE, test: FILE}``.
 The other keys name columns: ``prompt`` (default ``prompt``) and ``answer`` (default ``answer``)
-are required in every row; ``id`` (default: a hash of prompt and answer), ``aliases`` (a list of
+are required in every row; ``id`` (default: a hash of the row's content), ``aliases`` (a list of
 other accepted answers) and ``split`` (a column whose values are ``train`` or ``test``;
 ``validation`` counts as test) are optional. Without a split column (and with a single file) a
-row's split is the hash bucket of its prompt (:func:`horizonrl.envs.common.split_of`, 20% test),
+row's split is the hash bucket of its content (:func:`horizonrl.envs.common.split_of`, 20% test),
 the same rule generated tasks follow. An answer may be a string, a number or a non-empty list
 (the first item is the answer, the rest aliases). Every other column is kept in
-``Task.meta["fields"]`` for the environment (e.g. ``facts`` for ``lookup``). Rows repeating an
-earlier row's prompt and answer are dropped.
+``Task.meta["fields"]`` for the environment (e.g. ``facts`` for ``lookup``). A row identical to an
+earlier one (prompt, answers and other columns) is dropped.
 
 Files are read with ``datasets.Dataset.from_json`` / ``from_csv`` / ``from_parquet`` from local
 paths only (``HF_DATASETS_OFFLINE=1`` is set; the hub is never contacted), into memory, with a
@@ -230,7 +230,7 @@ def load_task_file(
     """
     out: dict[str, list[Task]] = {"train": [], "test": []}
     seen_ids: dict[str, str] = {}
-    seen_rows: set[tuple[str, str]] = set()
+    seen_rows: set[str] = set()
     mapped = {spec.prompt, spec.answer, spec.id, spec.split, spec.aliases} - {None}
     for fixed_split, raw_path in spec.paths:
         path = Path(raw_path).expanduser()
@@ -274,20 +274,20 @@ def load_task_file(
                         f"got {value!r}"
                     )
             else:
-                split = fixed_split or split_of(json.dumps(prompt))
-            if (prompt, answers[0]) in seen_rows:
+                split = None
+            fields = {k: _jsonable(v) for k, v in row.items() if k not in mapped}
+            content = json.dumps([prompt, answers, fields], sort_keys=True)
+            split = split or fixed_split or split_of(content)
+            if content in seen_rows:
                 continue
-            seen_rows.add((prompt, answers[0]))
+            seen_rows.add(content)
             if spec.id is not None:
                 task_id = _text(row.get(spec.id), where, spec.id, "id")
             else:
-                task_id = (
-                    f"{env}-{hashlib.sha256(json.dumps([prompt, answers[0]]).encode()).hexdigest()[:12]}"
-                )
+                task_id = f"{env}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
             if task_id in seen_ids:
                 raise TaskFileError(f"{where}: id {task_id!r} repeats the id of {seen_ids[task_id]}")
             seen_ids[task_id] = where
-            fields = {k: _jsonable(v) for k, v in row.items() if k not in mapped}
             meta = {
                 "env": env,
                 "split": split,
