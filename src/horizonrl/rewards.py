@@ -201,8 +201,9 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
 
 
 def _check_params(spec: str, fn: Callable[..., Any], params: Mapping[str, Any]) -> None:
+    extra = {"question": ""} if ":" in spec and _accepts(fn, "question") else {}
     try:
-        inspect.signature(fn).bind("", [""], **params)
+        inspect.signature(fn).bind("", [""], **params, **extra)
     except TypeError as e:
         raise RewardConfigError(
             f"env.reward={spec!r}: {getattr(fn, '__name__', 'the function')} cannot be called as "
