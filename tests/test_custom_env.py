@@ -329,3 +329,29 @@ def test_the_example_trains_two_steps_on_the_tiny_model(tiny_model_dir, tmp_path
     assert {r.task_id for r in rollouts} <= {t.id for t in trainer.train_tasks}
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert "examples/custom_env/warehouse.py" in saved  # a resumed run imports the module again
+
+
+def test_sft_and_eval_recipes_take_the_example_from_its_config(tiny_model_dir, tmp_path, monkeypatch):
+    """`horizonrl sft` (demonstrations from the example's expert) and `horizonrl eval` on its test rows."""
+    from horizonrl.train.recipes import evaluate_model, run_sft
+
+    monkeypatch.chdir(ROOT)
+    over = [
+        f"model.path={tiny_model_dir}",
+        "sft.demos=6",
+        "sft.epochs=1",
+        "sft.batch_size=6",
+        f"sft.out_dir={tmp_path / 'sft'}",
+        "rollout.max_new_tokens=16",
+        "rollout.max_turns=5",
+        "rollout.context_budget=768",
+        "env.test_tasks=3",
+        "train.eval_samples=1",
+    ]
+    cfg = load_config(str(EXAMPLE / "config.yaml"), over)
+    out = run_sft(cfg)
+    demos = [json.loads(line) for line in (out / "demos.jsonl").read_text().splitlines()]
+    assert len(demos) == 6 and all(d["success"] for d in demos)
+    assert {t["function"]["name"] for t in demos[0]["tools"]} == {"rooms", "count"}
+    result = evaluate_model(cfg, out)
+    assert 0.0 <= result["eval/pass@1"] <= 1.0
