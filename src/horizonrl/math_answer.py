@@ -31,6 +31,8 @@ import re
 import time
 from fractions import Fraction
 
+from horizonrl.textparse import cap_text
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_ANSWER_CHARS",
@@ -69,10 +71,11 @@ def _braced(text: str, start: int) -> tuple[str, int] | None:
 
 def extract_math_answer(text: str | None) -> str:
     """The answer part of ``text``: the last ``\\boxed{..}``/``\\fbox{..}``, else what follows the last
-    ``####`` (GSM8K style), else the whole text, stripped."""
+    ``####`` (GSM8K style), else the whole text, stripped (of its first
+    :data:`horizonrl.textparse.MAX_TEXT_CHARS` characters)."""
     if text is None:
         return ""
-    text = str(text)
+    text = cap_text(str(text))
     for macro in ("\\boxed", "\\fbox"):
         i = text.rfind(macro)
         if i >= 0:

@@ -42,6 +42,7 @@ from typing import Any
 
 from horizonrl.envs.base import Task
 from horizonrl.envs.common import split_of
+from horizonrl.textparse import JSONError, load_json
 
 __all__ = ["FORMATS", "TaskFileError", "TaskFileSpec", "load_task_file"]
 
@@ -156,8 +157,8 @@ def _scan(path: Path, fmt: str) -> tuple[str | None, list[tuple[str, dict[str, A
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as e:
+            row = load_json(line)
+        except JSONError as e:
             return f"{path}:{lineno}: not valid JSON ({str(e)[:80]})", None
         if not isinstance(row, dict):
             return f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}", None
