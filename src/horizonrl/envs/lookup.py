@@ -20,14 +20,20 @@ RTPO paper's Eq. 3). The noise is drawn from the environment instance's own RNG
 (seeded from Python's global RNG when the instance is made), which is not part
 of :meth:`snapshot`: siblings restored from one boundary draw fresh noise. The
 expert retries a search whose result did not mention the query.
+
+Tasks may also come from a file (``env.tasks``) with a ``facts`` column: a list of
+fact sentences. ``search(query)`` then returns the sentences that mention
+``query`` (case-insensitive, whole words); the expert searches the answer's
+sentence by its first word and answers.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, ClassVar
 
-from horizonrl.envs.base import Task
+from horizonrl.envs.base import Task, is_file_task
 from horizonrl.envs.common import ToolEnv, check_bool, check_int, check_noise
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
@@ -88,6 +94,8 @@ class LookupEnv(ToolEnv):
         "decompose": False,
         "tool_noise": 0.0,
     }
+    qa_style: ClassVar[bool] = True
+    task_fields: ClassVar[tuple[str, ...]] = ("facts",)
     system_prompt: ClassVar[str] = (
         f"Answer the question. Look up facts with {SEARCH.example_call()}, "
         "then give the final answer as <answer>...</answer>."
@@ -140,6 +148,11 @@ class LookupEnv(ToolEnv):
 
     def _init_state(self, task: Task) -> dict[str, Any]:
         m = task.meta
+        if is_file_task(task):
+            facts = m["fields"]["facts"]
+            if isinstance(facts, str):
+                facts = [facts]
+            return {"sentences": [str(f) for f in facts], "searched": [], "chain": [], "layers": []}
         return {
             "facts": [list(f) for f in m["facts"]],
             "chain": list(m["chain"]),
@@ -151,6 +164,12 @@ class LookupEnv(ToolEnv):
     def _call_tool(self, call: ToolCall) -> tuple[str, bool]:
         st = self.state
         query = call.arguments["query"].strip().strip(".?!\"'")
+        if "sentences" in st:  # a file task: whole-word match in the given sentences
+            pattern = re.compile(rf"(?<!\w){re.escape(query)}(?!\w)", re.IGNORECASE)
+            hits = [f for f in st["sentences"] if query and pattern.search(f)]
+            if query and hits and query.lower() not in st["searched"]:
+                st["searched"].append(query.lower())
+            return (" ".join(hits) if hits else f'No facts about "{query}".'), False
         entity = next((e for layer in st["layers"] for e in layer if e.lower() == query.lower()), None)
         if entity is None:
             return f'No facts about "{query}".', False
@@ -192,6 +211,8 @@ class LookupEnv(ToolEnv):
         """
         noise = check_noise(noise)
         st = self.state
+        if "sentences" in st:
+            return self._file_expert()
         chain, layers = st["chain"], st["layers"]
         hops = len(chain) - 1
         k = 0
@@ -205,6 +226,16 @@ class LookupEnv(ToolEnv):
         if k == hops:
             return format_answer(chain[hops])
         return format_tool_call("search", {"query": chain[k]})
+
+    def _file_expert(self) -> str:
+        """File task: search the first word of a sentence that mentions the answer, then answer."""
+        st = self.state
+        answer = st["answer"].lower()
+        source = next((f for f in st["sentences"] if answer in f.lower()), None)
+        word = source.split()[0].strip(".,;:!?") if source else ""
+        if word and word.lower() not in st["searched"]:
+            return format_tool_call("search", {"query": word})
+        return format_answer(st["answer"])
 
     @staticmethod
     def subtask(hop: int, entity: str) -> str:
@@ -220,7 +251,7 @@ class LookupEnv(ToolEnv):
         """
         chain = self.state["chain"]
         hops = len(chain) - 1
-        if rng.random() < check_noise(noise):
+        if "sentences" in self.state or rng.random() < check_noise(noise):
             return self.expert_action(rng, noise)
         if forks_done < hops:
             task = self.subtask(forks_done, chain[forks_done])
@@ -229,6 +260,8 @@ class LookupEnv(ToolEnv):
 
     def subagent_expert(self, task_text: str, rng: random.Random, noise: float) -> str:
         """Expert subagent for a :meth:`subtask`: search the entity, then answer its link."""
+        if "sentences" in self.state:
+            return self._file_expert()
         words = task_text.rstrip(".").split()
         entity = words[-1] if words else ""
         link = next((f[2] for f in self.state["facts"] if f[0] == entity), None)

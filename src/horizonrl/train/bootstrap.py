@@ -53,15 +53,23 @@ def generate_demos(
     max_turns: int,
     knobs: dict[str, Any] | None = None,
     task_seed: int = 0,
+    setup: Any = None,
 ) -> list[dict[str, Any]]:
-    """``n`` expert demonstrations on training tasks of ``env_name``."""
+    """``n`` expert demonstrations on training tasks of ``env_name``.
+
+    ``setup`` (a :class:`horizonrl.train.env_setup.EnvSetup`) takes the tasks and environments from
+    the run's ``env.*`` (task files, rewards, user environments) instead of ``env_name``/``knobs``.
+    """
     knobs = knobs or {}
-    cls = get_env(env_name)
-    tasks = cls.make_tasks(n, seed=task_seed, split="train", **knobs)
+    cls = get_env(env_name) if setup is None else setup.cls
+    if setup is None:
+        tasks = cls.make_tasks(n, seed=task_seed, split="train", **knobs)
+    else:
+        tasks = setup.tasks(n, seed=task_seed, split="train")
     rng = random.Random(seed)
     demos = []
     for task in tasks:
-        env = cls(**knobs)
+        env = cls(**knobs) if setup is None else setup.make()
         try:
             demos.append(expert_demo(env, task, rng, noise=noise, max_turns=max_turns))
         finally:

@@ -31,7 +31,6 @@ from horizonrl.agents import LoopLimits
 from horizonrl.agents.psi import flat_view
 from horizonrl.agents.registry import AgentSpec, check_agent_params
 from horizonrl.config import RunConfig, save_config
-from horizonrl.envs import get_env
 from horizonrl.inference import SamplingParams, make_engine
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
@@ -40,7 +39,7 @@ from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
-from horizonrl.train.env_knobs import resolve_knobs
+from horizonrl.train.env_setup import env_setup
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.trainers import register_trainer
@@ -76,14 +75,10 @@ class GroupTrainer(Trainer):
 
         self.estimator = credit.get_estimator(cfg.algo.estimator)
         self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
-        self.env_cls = get_env(cfg.env.name)
-        knobs = self.env_knobs = resolve_knobs(dict(cfg.env.knobs))
-        self.train_tasks = self.env_cls.make_tasks(
-            cfg.env.train_tasks, seed=cfg.env.seed, split="train", **knobs
-        )
-        self.test_tasks = self.env_cls.make_tasks(
-            cfg.env.test_tasks, seed=cfg.env.seed, split="test", **knobs
-        )
+        self.env_setup = env_setup(cfg.env, run_dir=self.run_dir)
+        self.env_cls, self.env_knobs = self.env_setup.cls, self.env_setup.knobs
+        self.train_tasks = self.env_setup.tasks(cfg.env.train_tasks, seed=cfg.env.seed, split="train")
+        self.test_tasks = self.env_setup.tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test")
         self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
         check_agent_params(cfg.rollout.agent, cfg.rollout.agent_params)
 
@@ -201,7 +196,7 @@ class GroupTrainer(Trainer):
         )
 
     def make_env(self):
-        return self.env_cls(**self.env_knobs)
+        return self.env_setup.make()
 
     def agent_spec(self, params: SamplingParams) -> AgentSpec:
         r = self.cfg.rollout
