@@ -66,6 +66,7 @@ from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.batching import collate, micro_batches, token_logprobs
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
+from horizonrl.train.rollout_log import reverse_stage_records, write_rollout_log
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import ppo_update
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
@@ -416,8 +417,11 @@ class ReverseTurnTrainer(GroupTrainer):
             }
         )
         if self.cfg.train.save_rollouts and batch["rollouts"]:
-            (self.run_dir / "rollouts").mkdir(exist_ok=True)
-            write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"])
+            t, notes = self.cfg.train, None
+            if t.save_credit:
+                notes = reverse_stage_records(batch, k, estimator=t.trainer, iteration=sweep.iteration)
+            write_rollout_log(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"], notes)
+        self.logger.log_rollouts(self.step, batch["rollouts"])
         return m
 
     def fit(self, progress_cb=None) -> list[dict[str, Any]]:
