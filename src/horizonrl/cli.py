@@ -88,6 +88,11 @@ def _cmd_view(args) -> int:
 
 
 def _cmd_plot(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("horizonrl: error: plot needs matplotlib: pip install 'horizonrl[viewer]'", file=sys.stderr)
+        return 2
     from horizonrl.viz.plot import plot_runs
 
     for d in args.runs:

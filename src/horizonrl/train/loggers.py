@@ -285,8 +285,12 @@ class TrackioLogger(ExperimentLogger):
         self._run.log({name: self._trackio.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
+        current = importlib.import_module("trackio.context_vars").current_run
         with contextlib.redirect_stdout(io.StringIO()):
-            self._run.finish()
+            if current.get() is self._run:
+                self._trackio.finish()  # also clears trackio's current run (its atexit hook would finish it again)
+            else:
+                self._run.finish()
 
 
 __all__ = [

@@ -249,12 +249,13 @@ def index_payload(run: Run) -> dict[str, Any]:
             "tokens are shown as ids; pass --tokenizer DIR"
         )
     cfg = run.config
+    trainer = (cfg.get("train") or {}).get("trainer", "group")
     return _clean(
         {
             "run": str(run.run_dir),
             "name": run.run_dir.resolve().name,
-            "estimator": (cfg.get("algo") or {}).get("estimator"),
-            "trainer": (cfg.get("train") or {}).get("trainer", "group"),
+            "estimator": trainer if trainer in ("rtpo", "seeupo") else (cfg.get("algo") or {}).get("estimator"),
+            "trainer": trainer,
             "config": cfg,
             "metrics": [by_step[k] for k in sorted(by_step)],
             "steps": steps,

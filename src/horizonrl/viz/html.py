@@ -10,6 +10,7 @@ payload can close its block.
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,11 @@ from horizonrl.viz.data import Run, index_payload, step_payload
 
 
 def asset(name: str) -> str:
-    """The text of ``horizonrl/viz/static/<name>`` (package data)."""
-    return (resources.files("horizonrl.viz") / "static" / name).read_text(encoding="utf-8")
+    """The text of ``horizonrl/viz/static/<name>`` (package data), checked safe to inline."""
+    text = (resources.files("horizonrl.viz") / "static" / name).read_text(encoding="utf-8")
+    if re.search(r"</?(script|style)", text, re.I):
+        raise ValueError(f"viz/static/{name} contains a <script>/<style> tag and cannot be inlined")
+    return text
 
 
 def _json_block(element_id: str, data: Any) -> str:

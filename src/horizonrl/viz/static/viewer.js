@@ -1,6 +1,6 @@
 /* horizonrl run viewer: steps -> groups -> rollouts -> session DAG -> turns with per-token credit.
  *
- * Data: window.HZ_MODE is "file" (the index and every step are <script type="application/json"> blocks,
+ * Data: window.HZ_MODE is "file" (the index and every step are JSON script blocks in the page,
  * parsed only when opened) or "serve" (fetched from api/index and api/step/KEY). Payload format:
  * horizonrl/viz/data.py. Everything is rendered on demand: the rollout list of the open step, the
  * detail of the open rollout, a session's tokens when the session is expanded.
@@ -52,8 +52,8 @@
     if (typeof v === "boolean") return v ? "yes" : "no";
     if (Array.isArray(v)) return v.length > 12 ? `[${v.slice(0, 12).map((x) => fmt(x)).join(", ")}, …]`
       : `[${v.map((x) => fmt(x)).join(", ")}]`;
-    if (typeof v === "object") return JSON.stringify(v);
-    return String(v);
+    if (typeof v === "object") return clip(JSON.stringify(v), 160);
+    return clip(String(v), 160);
   }
   function chips(obj, cls, skip) {
     if (!obj) return null;
@@ -81,7 +81,7 @@
     if (p === undefined) return `⟨${id}⟩`;
     return p.replace(/[\u0000-\u0008\u000b-\u001f\u007f]/g, (ch) => String.fromCharCode(0x2400 + (ch.charCodeAt(0) & 0x1f)));
   }
-  function esc(x) { return String(x); }
+  function clip(x, n) { return x.length > n ? x.slice(0, n - 1) + "…" : x; }
 
   // ------------------------------------------------------------------ data
   async function loadIndex() {
@@ -185,7 +185,8 @@
       h("label", { text: "sign" }), sel("sign", [["any", "any"], ["+", "+"], ["-", "−"], ["0", "0"], ["±", "±"], ["none", "untrained"]]),
       h("label", { text: "end" }), sel("end", [...ends].map((e) => [e, e])),
       h("input", { type: "search", placeholder: "search text…", value: S.f.q, "data-filter": "q",
-        onkeydown: (ev) => { if (ev.key === "Enter") { S.f.q = ev.target.value; renderList(); } },
+        onkeydown: (ev) => { if (ev.key === "Enter") { clearTimeout(S.qTimer); S.f.q = ev.target.value; renderList(); } },
+        oninput: (ev) => { clearTimeout(S.qTimer); const v = ev.target.value; S.qTimer = setTimeout(() => { if (S.f.q !== v) { S.f.q = v; renderList(); } }, 400); },
         onsearch: (ev) => { S.f.q = ev.target.value; renderList(); } }),
       h("label", {}, h("input", { type: "checkbox", checked: S.all, "data-filter": "all",
         onchange: (ev) => { S.all = ev.target.checked; renderList(); } }), " all steps"));
@@ -248,7 +249,14 @@
       body.push(h("div", { class: "count", text: `${rows.length} of ${st.R.length} rollouts` }), groupBlocks(S.step, rows));
     }
     if (my !== listToken) return;
+    const active = document.activeElement, focus = active && active.dataset ? active.dataset.filter : undefined;
+    const open = pane.querySelector("details.stepinfo[open]") !== null;
     pane.replaceChildren(filterBar(st), stepInfo(S.step) || "", ...body.flat());
+    if (open && pane.querySelector("details.stepinfo")) pane.querySelector("details.stepinfo").open = true;
+    if (focus) {  // keep typing in the search box across re-renders
+      const el = pane.querySelector(`[data-filter="${focus}"]`);
+      if (el) { el.focus(); if (el.type === "search") el.setSelectionRange(el.value.length, el.value.length); }
+    }
   }
 
   // ------------------------------------------------------------------ DAG
@@ -297,8 +305,8 @@
         "data-node": n.id, "data-kind": n.cls, "data-seg": n.seg, onclick: () => onNode && onNode(n) },
         s("title", { text: n.title || n.label }),
         s("rect", { width: W, height: H, rx: 4 }),
-        s("text", { x: 6, y: 15, text: n.label }),
-        s("text", { x: 6, y: 31, text: n.sub || "" }));
+        s("text", { x: 6, y: 15, text: clip(n.label, 25) }),
+        s("text", { x: 6, y: 31, text: clip(n.sub || "", 27) }));
       if (n.adv !== null && n.adv !== undefined) {
         g.appendChild(s("rect", { class: "advbar", x: W - 10, y: 5, width: 6, height: H - 10, fill: colour(n.adv, n.M),
           stroke: "#999", "data-adv": n.adv }));
@@ -495,11 +503,14 @@
         h("span", { class: "chip" }, h("b", { text: "reward" }), fmt(r.R)),
         h("span", { class: "chip " + (r.ok ? "ok" : "fail") }, r.ok ? "success" : "failure"),
         h("span", { class: "chip" }, h("b", { text: "end" }), r.end),
-        h("span", { class: "chip" }, h("b", { text: "estimator" }), r.est || "–"),
+        h("span", { class: "chip" }, h("b", { text: "estimator" }), r.est || S.index.estimator || "–"),
         h("span", { class: "chip" }, h("b", { text: "sessions" }), String(r.S.length)),
         r.fa !== null && r.fa !== undefined ? h("span", { class: "chip" }, h("b", { text: "answer" }), String(r.fa)) : null),
       r.side ? chips(r.side, "side") : null,
-      r.env ? chips(r.env) : null);
+      r.env ? chips(r.env) : null,
+      r.sg === null && !r.S.some((sg) => sg.T.some((t) => "a" in t))
+        ? h("div", { class: "chips" }, h("span", { class: "chip", text: "no credit recorded for this rollout (a run from before the credit log, or train.save_credit=false): tokens are not coloured" }))
+        : null);
     // Global turn numbering (rollout order) and ECHO's record index -> turn.
     const gstart = [], bySrc = new Map();
     let g = 0;
