@@ -23,8 +23,13 @@ from horizonrl.viz.serve import ViewerServer
 
 def _rollout(uid, reward, text="<answer>7</answer>"):
     t0 = Turn([1, 2, 3], [4, 5], [-0.5, -0.25], response_text="call", observation="obs one", tool_calls=1)
-    t1 = Turn([1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [-1.0, -0.1, -0.2], response_text=text,
-              spans=[Span("answer", 0, 3)])  # fmt: skip
+    t1 = Turn(
+        [1, 2, 3, 4, 5, 6, 7],
+        [8, 9, 10],
+        [-1.0, -0.1, -0.2],
+        response_text=text,
+        spans=[Span("answer", 0, 3)],
+    )
     comp = Turn(
         [20, 21], [22, 23], [-0.3, -0.4], response_text="<summary>s</summary>", spans=[Span("summary", 0, 2)]
     )
@@ -39,8 +44,11 @@ def run_dir(tmp_path):
     from horizonrl import credit
 
     adv = credit.get_estimator("grpo")([Group("g0", "task-a", ros)])
-    write_rollout_log(tmp_path / "rollouts" / "step_1.jsonl", ros,
-                      credit_records(ros, adv, build_rows(ros, adv), None, estimator="grpo"))  # fmt: skip
+    write_rollout_log(
+        tmp_path / "rollouts" / "step_1.jsonl",
+        ros,
+        credit_records(ros, adv, build_rows(ros, adv), None, estimator="grpo"),
+    )
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 0, "eval/pass@1": 0.25})
         + "\n"
@@ -144,9 +152,18 @@ def test_plot_runs_overlays_runs_in_png_and_svg(tmp_path, capsys):
     def rows(scale):
         out = [{"step": 0, "eval/pass@1": 0.1 * scale}]
         for s in range(1, 6):
-            out.append({"step": s, "reward/mean": scale * s / 10, "rollout/sessions_mean": 1 + s / 5,
-                        "train/ratio_geomean": 1.0, "throughput/tokens_per_s": 100.0 * scale,
-                        "time/rollout_s": 1.0, "time/credit_s": 0.1, "time/update_s": 0.5})  # fmt: skip
+            out.append(
+                {
+                    "step": s,
+                    "reward/mean": scale * s / 10,
+                    "rollout/sessions_mean": 1 + s / 5,
+                    "train/ratio_geomean": 1.0,
+                    "throughput/tokens_per_s": 100.0 * scale,
+                    "time/rollout_s": 1.0,
+                    "time/credit_s": 0.1,
+                    "time/update_s": 0.5,
+                }
+            )
         out.append({"step": 5, "eval/pass@1": 0.3 * scale})
         return out
 
@@ -157,8 +174,22 @@ def test_plot_runs_overlays_runs_in_png_and_svg(tmp_path, capsys):
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     svg = paths[1].read_text()
     assert "run-a" in svg and "run-b" in svg and "held-out pass@1" in svg and "step time split" in svg
-    assert main(["plot", str(a), str(b), "--out", str(tmp_path / "cli"), "--keys", "reward,time",
-                 "--labels", "A,B"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plot",
+                str(a),
+                str(b),
+                "--out",
+                str(tmp_path / "cli"),
+                "--keys",
+                "reward,time",
+                "--labels",
+                "A,B",
+            ]
+        )
+        == 0
+    )
     assert "cli.svg" in capsys.readouterr().out
     svg = (tmp_path / "cli.svg").read_text()
     assert "<!-- A -->" in svg and "<!-- B -->" in svg and "held-out" not in svg  # only the asked panels
@@ -166,8 +197,10 @@ def test_plot_runs_overlays_runs_in_png_and_svg(tmp_path, capsys):
 
 
 def test_seed_band_by_hand_and_plot_curves(tmp_path):
-    dirs = [_metrics_dir(tmp_path / f"seed{i}", [{"step": 1, "x": v}, {"step": 2, "x": 2 * v}])
-            for i, v in enumerate([1.0, 2.0, 3.0])]  # fmt: skip
+    dirs = [
+        _metrics_dir(tmp_path / f"seed{i}", [{"step": 1, "x": v}, {"step": 2, "x": 2 * v}])
+        for i, v in enumerate([1.0, 2.0, 3.0])
+    ]
     steps, mean, lo, hi = seed_band(dirs, "x")
     assert steps == [1, 2] and np.allclose(mean, [2.0, 4.0])
     half = 4.303 * np.array([1.0, 2.0]) / math.sqrt(3)  # t_{0.975, 2} * sd / sqrt(n); sd = 1 and 2

@@ -22,8 +22,16 @@ from horizonrl.train.rollout_log import decode_advantages
 from horizonrl.viz.html import write_html
 from horizonrl.viz.serve import ViewerServer
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 POS, NEG = (33, 102, 172), (178, 24, 43)
 
 
@@ -39,8 +47,12 @@ def _find_chromium() -> tuple[str | None, str]:
         and not os.environ.get("HORIZONRL_NO_APT")
     ):
         try:
-            r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
-                               capture_output=True, text=True, timeout=600)  # fmt: skip
+            r = subprocess.run(
+                ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return None, f"{reason}; installing it failed: {e}"
         if path := shutil.which("chromium"):
@@ -70,15 +82,22 @@ def compaction_run(tiny_model_dir, tmp_path_factory):
     """Two real steps of the Mosaic compaction config on the tiny model."""
     out = tmp_path_factory.mktemp("browser_run")
     path = resources.files("horizonrl") / "configs" / "mosaic_compaction_lookup.yaml"
-    small = ["rollout.group_size=2", "rollout.tasks_per_step=2", "train.steps=2", "train.eval_samples=1",
-             "env.test_tasks=2", "env.train_tasks=20", "train.progress=false"]  # fmt: skip
+    small = [
+        "rollout.group_size=2",
+        "rollout.tasks_per_step=2",
+        "train.steps=2",
+        "train.eval_samples=1",
+        "env.test_tasks=2",
+        "env.train_tasks=20",
+        "train.progress=false",
+    ]
     cfg = load_config(str(path), [*small, f"train.init={tiny_model_dir}", f"train.out_dir={out}"])
     GroupTrainer(cfg).fit()
     return out
 
 
 def _colour(a: float, m: float) -> str:
-    """The legend's diverging scale, written independently of viewer.js: white -> blue (+), white -> red (-)."""
+    """The legend's diverging scale, written independently of viewer.js: white->blue (+), white->red (-)."""
     t = max(-1.0, min(1.0, a / m if m > 0 else 0.0))
     c, k = (POS if t >= 0 else NEG), abs(t) * 0.9
     return "rgb({}, {}, {})".format(*(round(255 + (ci - 255) * k) for ci in c))
@@ -91,11 +110,20 @@ def _records(run, step):
 def test_viewer_shows_dag_spans_and_coloured_tokens(browser, compaction_run, tmp_path):
     html, problems = write_html(compaction_run, tmp_path / "viewer.html")
     assert problems == []
-    step, recs = next((s, r) for s in (1, 2) for r in [_records(compaction_run, s)]
-                      if any(seg["kind"] == "compaction" for rec in r for seg in rec["segments"]))  # fmt: skip
+    step, recs = next(
+        (s, r)
+        for s in (1, 2)
+        for r in [_records(compaction_run, s)]
+        if any(seg["kind"] == "compaction" for rec in r for seg in rec["segments"])
+    )
     i, rec = next((i, r) for i, r in enumerate(recs) if any(s["kind"] == "compaction" for s in r["segments"]))
-    scale = max(abs(v) for r in recs for seg in r["credit"]["advantages"] for a in seg
-                for v in ([a] if isinstance(a, float | int) else [x for x, _ in a]))  # fmt: skip
+    scale = max(
+        abs(v)
+        for r in recs
+        for seg in r["credit"]["advantages"]
+        for a in seg
+        for v in ([a] if isinstance(a, float | int) else [x for x, _ in a])
+    )
 
     page = browser.new_page(viewport={"width": 1500, "height": 1000})
     errors = []
@@ -128,10 +156,11 @@ def test_viewer_shows_dag_spans_and_coloured_tokens(browser, compaction_run, tmp
     )
     assert got == want and want and want[0][0] == "summary"
 
-    # Tokens: every response token, its id, the advantage the estimator produced, coloured on the legend's scale.
+    # Tokens: every response token, its id, the estimator's advantage, coloured on the legend's scale.
     toks = page.eval_on_selector_all(
         ".session .response .tk",
-        "els => els.map(e => [+e.closest('.session').dataset.seg, +e.dataset.i, e.dataset.a, e.style.backgroundColor])",
+        "els => els.map(e => [+e.closest('.session').dataset.seg, +e.dataset.i, e.dataset.a, "
+        "e.style.backgroundColor])",
     )
     expect = []
     for s, seg in enumerate(rec["segments"]):
@@ -202,10 +231,22 @@ def _quickstart_sized_run(root, tokenizer_dir, steps=40, tasks=16, group=8):
             for k in range(group):
                 r0, r1 = rng.integers(3, 390, 32).tolist(), rng.integers(3, 390, 5).tolist()
                 t0 = Turn(prompt, r0, (-rng.random(32)).tolist(), response_text="call", observation="42")
-                t1 = Turn(prompt + r0 + rng.integers(3, 390, 12).tolist(), r1, (-rng.random(5)).tolist(),
-                          response_text="<answer>42</answer>")  # fmt: skip
-                ros.append(Rollout(f"s{step}-{t}-{k}", f"task-{t}", f"s{step}-{t}", [Segment(turns=[t0, t1])],
-                                   reward=rewards[k], success=bool(rewards[k])))  # fmt: skip
+                t1 = Turn(
+                    prompt + r0 + rng.integers(3, 390, 12).tolist(),
+                    r1,
+                    (-rng.random(5)).tolist(),
+                    response_text="<answer>42</answer>",
+                )
+                ros.append(
+                    Rollout(
+                        f"s{step}-{t}-{k}",
+                        f"task-{t}",
+                        f"s{step}-{t}",
+                        [Segment(turns=[t0, t1])],
+                        reward=rewards[k],
+                        success=bool(rewards[k]),
+                    )
+                )
                 notes.append(
                     {
                         "v": 1,

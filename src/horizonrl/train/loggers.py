@@ -157,6 +157,14 @@ class TensorBoardLogger(ExperimentLogger):
         self._w.close()
 
 
+def _wandb_settings(wandb):
+    """Quiet settings: no console capture, no system-stats sampling (older versions: just silent)."""
+    try:
+        return wandb.Settings(silent=True, console="off", x_disable_stats=True)
+    except Exception:  # a wandb without these settings
+        return wandb.Settings(silent=True)
+
+
 @register_logger
 class WandbLogger(ExperimentLogger):
     name = "wandb"
@@ -178,7 +186,7 @@ class WandbLogger(ExperimentLogger):
             id=run_id,
             resume="allow" if run_id else None,
             config=config,
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+            settings=_wandb_settings(wandb),
         )
         id_file.write_text(self._run.id)
 
@@ -288,7 +296,7 @@ class TrackioLogger(ExperimentLogger):
         current = importlib.import_module("trackio.context_vars").current_run
         with contextlib.redirect_stdout(io.StringIO()):
             if current.get() is self._run:
-                self._trackio.finish()  # also clears trackio's current run (its atexit hook would finish it again)
+                self._trackio.finish()  # also clears the current run (trackio's atexit would finish it again)
             else:
                 self._run.finish()
 

@@ -75,9 +75,18 @@ def rollout_table(rollouts: Sequence[Rollout], n: int, step: int) -> tuple[list[
                     parts.append(f"  -> {turn.observation}")
         text = "\n".join(parts)
         rows.append(
-            [step, r.uid, r.task_id, float(r.reward), bool(r.success), r.termination, len(r.segments),
-             r.num_turns, text[:2000]]
-        )  # fmt: skip
+            [
+                step,
+                r.uid,
+                r.task_id,
+                float(r.reward),
+                bool(r.success),
+                r.termination,
+                len(r.segments),
+                r.num_turns,
+                text[:2000],
+            ]
+        )
     return columns, rows
 
 

@@ -254,7 +254,9 @@ def index_payload(run: Run) -> dict[str, Any]:
         {
             "run": str(run.run_dir),
             "name": run.run_dir.resolve().name,
-            "estimator": trainer if trainer in ("rtpo", "seeupo") else (cfg.get("algo") or {}).get("estimator"),
+            "estimator": trainer
+            if trainer in ("rtpo", "seeupo")
+            else (cfg.get("algo") or {}).get("estimator"),
             "trainer": trainer,
             "config": cfg,
             "metrics": [by_step[k] for k in sorted(by_step)],
@@ -373,8 +375,13 @@ def step_payload(run: Run, key: str) -> dict[str, Any]:
                         trunks[d["uid"]] = _trunk_summary(d)
         out["trunks"] = trunks
     if run.decode is not None:
-        ids = {i for r in f.records for s in r.get("segments") or [] for t in s.get("turns") or []
-               for i in t.get("response_ids") or []}  # fmt: skip
+        ids = {
+            i
+            for r in f.records
+            for s in r.get("segments") or []
+            for t in s.get("turns") or []
+            for i in t.get("response_ids") or []
+        }
         ids |= {i for p in table for i in p}
         ids |= {i for r in rollouts for s in r["S"] for t in s["T"] for i in t.get("p", [])}
         out["V"] = {str(k): v for k, v in run.decode(sorted(ids)).items()}
