@@ -208,7 +208,9 @@ class TrainConfig(_Section):
         "once, a rollout sample as a table where the backend has one",
     )
     log_rollouts: int = opt(
-        4, "rollouts per step sent as a table to loggers that have tables (wandb, mlflow, trackio)", ge=0
+        4,
+        "rollouts per step sent as a table to the loggers (wandb, mlflow, trackio; text in tensorboard)",
+        ge=0,
     )
     project: str = opt("horizonrl", "project / experiment name used by wandb, mlflow and trackio")
     tensorboard: bool = opt(False, "alias: adds 'tensorboard' to train.loggers")
