@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import uuid
 import warnings
 
@@ -96,7 +97,12 @@ def test_wandb_backend_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     _log(tmp_path, "wandb")
-    recs = _wandb_records(tmp_path)
+    deadline = time.monotonic() + 30
+    while True:  # wandb's service process writes the file out after finish() returns
+        recs = _wandb_records(tmp_path)
+        if any(r.WhichOneof("record_type") == "exit" for r in recs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     history = {}
     for r in recs:
         if r.WhichOneof("record_type") == "history":
