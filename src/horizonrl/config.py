@@ -16,6 +16,10 @@ from typing import Any
 
 import yaml
 
+#: Experiment loggers ``train.loggers`` may name (``horizonrl.train.loggers`` registers each; a test
+#: keeps the two equal).
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow", "trackio")
+
 
 class ConfigError(ValueError):
     """A config value is missing, unknown or out of range."""
@@ -294,8 +298,39 @@ class TrainConfig(_Section):
         "also evaluate once each of these fractions of the run is done (of train.max_gen_tokens when set, "
         "else of train.steps), e.g. [0.5]",
     )
-    tensorboard: bool = opt(False, "also log to TensorBoard (needs the tensorboard package)")
+    save_credit: bool = opt(
+        True,
+        "with save_rollouts: also record per turn the estimator's per-token advantages, the training row "
+        "and the estimator's side information (what `horizonrl view` shows; docs/viewer.md)",
+    )
+    loggers: list = opt(
+        ["jsonl"],
+        f"experiment loggers, any of {list(LOGGERS)}: jsonl (metrics.jsonl; always on), tensorboard, "
+        "wandb (offline mode), mlflow (local file store), trackio (local); scalars every step, the config "
+        "once, a rollout sample as a table where the backend has one",
+    )
+    log_rollouts: int = opt(
+        4,
+        "rollouts per step sent as a table to the loggers (wandb, mlflow, trackio; text in tensorboard)",
+        ge=0,
+    )
+    project: str = opt("horizonrl", "project / experiment name used by wandb, mlflow and trackio")
+    tensorboard: bool = opt(False, "alias: adds 'tensorboard' to train.loggers")
     progress: bool = opt(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        bad = [x for x in self.loggers if x not in LOGGERS]
+        if bad:
+            raise ConfigError(
+                f"train.loggers={self.loggers!r}: unknown logger(s) {bad}; known: {list(LOGGERS)}"
+            )
+
+    @property
+    def logger_names(self) -> list[str]:
+        """``jsonl`` (always on), ``loggers``, and ``tensorboard`` when the alias is on; in order, unique."""
+        names = ["jsonl", *self.loggers, *(["tensorboard"] if self.tensorboard else [])]
+        return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

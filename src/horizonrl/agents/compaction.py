@@ -63,7 +63,7 @@ from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.textparse import cap_text, first_block, strip_blocks
-from horizonrl.trajectory import Turn
+from horizonrl.trajectory import Span, Turn
 
 COMPACTION_SYSTEM_PROMPT = (
     "You are a context compaction module for a search agent. Your only task is to summarize a previous "
@@ -303,7 +303,7 @@ class CompactionContext(ContextManager):
         )
         kept = records[dropped:]
         gen = yield Generate(prompt, sparams, expert=lambda rng, noise: expert_summary(question, kept))
-        turn = generation_turn(prompt, gen)
+        turn = generation_turn(prompt, gen, [Span("summary", 0, len(gen.ids))] if gen.ids else [])
         seg.turns.append(turn)
         summary = extract_summary(gen.text)
         seg.info["accepted"] = summary is not None

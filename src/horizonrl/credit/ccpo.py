@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from horizonrl.credit import side_info
 from horizonrl.credit.ccpo_features import (
     StepBatch,
     broadcast_steps,
@@ -66,7 +67,8 @@ class ContextualCredit:
     and ``future`` are the contributions ``A^H``, ``A^F`` (Eq. 11; the raw
     weighted credits when ``final_standardize=False``); ``supported``: the step
     had peers; ``fallback``: its peers came from the task fallback; ``episode``:
-    the episode-channel advantage ``A^EP`` (before ``episode_weight``).
+    the episode-channel advantage ``A^EP`` (before ``episode_weight``); ``peers``: the size of
+    the step's peer set ``P`` (``None`` when not computed).
     """
 
     advantage: np.ndarray
@@ -75,16 +77,19 @@ class ContextualCredit:
     supported: np.ndarray
     fallback: np.ndarray
     episode: np.ndarray
+    peers: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class PeerReadout:
-    """Output of :func:`peer_readout`: ``values`` [N, K] (0 where unsupported), per-row flags, bandwidths."""
+    """Output of :func:`peer_readout`: ``values`` [N, K] (0 where unsupported), per-row flags, bandwidths,
+    peer-set sizes ``|P|``."""
 
     values: np.ndarray
     supported: np.ndarray
     fallback: np.ndarray
     bandwidth: np.ndarray
+    peers: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------- readout
@@ -143,6 +148,7 @@ def peer_readout(
     supported = np.zeros(n, dtype=bool)
     fallback = np.zeros(n, dtype=bool)
     bandwidth = np.full(n, np.nan)
+    n_peers = np.zeros(n, dtype=np.int64)
     order = np.argsort(task_codes, kind="stable")
     bounds = np.flatnonzero(np.diff(task_codes[order])) + 1
     for idx in np.split(order, bounds) if n else []:
@@ -180,7 +186,10 @@ def peer_readout(
         supported[idx] = sup
         fallback[idx] = sup & ~has_exact
         bandwidth[idx] = np.where(sup, tau, np.nan)
-    return PeerReadout(values=values, supported=supported, fallback=fallback, bandwidth=bandwidth)
+        n_peers[idx] = peers.sum(axis=1)
+    return PeerReadout(
+        values=values, supported=supported, fallback=fallback, bandwidth=bandwidth, peers=n_peers
+    )
 
 
 # ----------------------------------------------------------------- standardization helpers
@@ -335,6 +344,7 @@ def _credit(
         supported=sup[inverse],
         fallback=ro.fallback[inverse],
         episode=episode[inverse],
+        peers=ro.peers[inverse],
     )
 
 
@@ -415,5 +425,13 @@ def ccpo(
         exclude_self=exclude_self,
         history_weight=history_weight,
         future_weight=future_weight,
+    )
+    side_info.record_turn_columns(
+        groups,
+        supported=out.supported,
+        fallback=out.fallback,
+        peers=out.peers,
+        historical=out.historical,
+        future=out.future,
     )
     return broadcast_steps(groups, out.advantage)

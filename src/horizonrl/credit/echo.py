@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from horizonrl.credit import side_info
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
@@ -251,9 +252,19 @@ def echo(
             adv = np.maximum(adv, 0.0)
         trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]
         for rollout, a, ok in zip(group.rollouts, adv, trained, strict=True):
+            side_info.record_side_info(len(out), rollout={"valid": ok, "A": float(a)})
             if not ok:  # may have stopped mid-selection with no final context: no mask needed
                 out.append([[np.zeros(t.num_response_tokens) for t in seg.turns] for seg in rollout.segments])
                 continue
             mask = echo_token_mask(rollout, dense=dense)
+            if side_info.collecting():
+                _record_side_info(len(out), rollout, mask, dense)
             out.append([[np.where(m, float(a), 0.0) for m in seg] for seg in mask])
     return out
+
+
+def _record_side_info(index: int, rollout: Rollout, mask: list[list[np.ndarray]], dense: bool) -> None:
+    """Viewer side information: ``I_src`` (selected source turns) and the credit mask ``mu`` per turn."""
+    selected = sorted(selected_source_turns(rollout)) if not dense else None
+    turns = [[{"mask": "".join("1" if x else "0" for x in m)} for m in seg] for seg in mask]
+    side_info.record_side_info(index, rollout={"selected": selected}, turns=turns)

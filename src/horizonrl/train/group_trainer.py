@@ -42,9 +42,10 @@ from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.env_setup import env_setup
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
+from horizonrl.train.rollout_log import credit_records, write_rollout_log
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
-from horizonrl.trajectory import Group, build_rows, write_jsonl
+from horizonrl.trajectory import Group, build_rows
 
 NONDETERMINISTIC_KEYS = ("time/", "throughput/")
 
@@ -141,7 +142,7 @@ class GroupTrainer(Trainer):
             self._restore(path)
             resume_step = self.step
         save_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step)
+        self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
 
     # ------------------------------------------------------------------ state
 
@@ -299,7 +300,8 @@ class GroupTrainer(Trainer):
         self.extra_metrics = {}
         est_params = dict(cfg.algo.estimator_params)
         features, feature_times = compute_features(self, self.estimator.needs, groups, est_params)
-        advantages = self.estimator(groups, **est_params, **features)
+        with credit.collect_side_info(cfg.train.save_rollouts and cfg.train.save_credit) as side:
+            advantages = self.estimator(groups, **est_params, **features)
         rows = self.training_rows(rollouts, advantages)
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         t2 = time.perf_counter()
@@ -335,6 +337,9 @@ class GroupTrainer(Trainer):
             }
         )
         if cfg.train.save_rollouts:
-            (self.run_dir / "rollouts").mkdir(exist_ok=True)
-            write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts)
+            notes = None
+            if cfg.train.save_credit:
+                notes = credit_records(rollouts, advantages, rows, side, estimator=cfg.algo.estimator)
+            write_rollout_log(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts, notes)
+        self.logger.log_rollouts(self.step, rollouts)
         return metrics

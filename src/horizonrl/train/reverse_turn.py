@@ -37,6 +37,7 @@ from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.budget import BudgetedEngine
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
+from horizonrl.train.rollout_log import reverse_stage_records, write_rollout_log
 from horizonrl.train.update import consistency_metrics, ppo_update, score_rows
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
 
@@ -382,6 +383,9 @@ class ReverseTurnTrainer(GroupTrainer):
             }
         )
         if self.cfg.train.save_rollouts and batch["rollouts"]:
-            (self.run_dir / "rollouts").mkdir(exist_ok=True)
-            write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"])
+            t, notes = self.cfg.train, None
+            if t.save_credit:
+                notes = reverse_stage_records(batch, k, estimator=t.trainer, iteration=sweep.iteration)
+            write_rollout_log(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"], notes)
+        self.logger.log_rollouts(self.step, batch["rollouts"])
         return m

@@ -49,8 +49,11 @@ def list_trainers() -> list[str]:
 
 def make_trainer(cfg, *, resume: bool = False):
     """The trainer named by ``cfg.train.trainer``, constructed from ``cfg``."""
+    from horizonrl.train.loggers import check_loggers
+
     _load()
     name = cfg.train.trainer
     if name not in _REGISTRY:
         raise ValueError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
+    check_loggers(cfg.train.logger_names)  # a missing logger package fails before the model loads
     return _REGISTRY[name](cfg, resume=resume)

@@ -3,6 +3,7 @@
 from horizonrl.trajectory.io import dumps_rollout, loads_rollout, read_jsonl, write_jsonl
 from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows
 from horizonrl.trajectory.types import (
+    ANNOTATION_KEYS,
     SEGMENT_KINDS,
     SPAN_LABELS,
     Branch,
@@ -11,11 +12,13 @@ from horizonrl.trajectory.types import (
     Segment,
     Span,
     Turn,
+    UnknownFieldWarning,
     rollout_from_dict,
     rollout_to_dict,
 )
 
 __all__ = [
+    "ANNOTATION_KEYS",
     "SEGMENT_KINDS",
     "SPAN_LABELS",
     "Branch",
@@ -26,6 +29,7 @@ __all__ = [
     "Span",
     "TokenAdvantages",
     "Turn",
+    "UnknownFieldWarning",
     "build_rows",
     "dumps_rollout",
     "loads_rollout",

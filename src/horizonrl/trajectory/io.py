@@ -17,8 +17,8 @@ def dumps_rollout(r: Rollout) -> str:
     return json.dumps(rollout_to_dict(r), ensure_ascii=False, allow_nan=True)
 
 
-def loads_rollout(line: str) -> Rollout:
-    return rollout_from_dict(json.loads(line))
+def loads_rollout(line: str, where: str = "rollout") -> Rollout:
+    return rollout_from_dict(json.loads(line), where)
 
 
 def write_jsonl(path: str | Path, rollouts: Iterable[Rollout], *, append: bool = False) -> None:
@@ -32,6 +32,6 @@ def read_jsonl(path: str | Path) -> Iterator[Rollout]:
         for i, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield loads_rollout(line)
+                    yield loads_rollout(line, f"{path}:{i}")
                 except (ValueError, TypeError, KeyError) as e:
                     raise ValueError(f"{path}:{i}: not a rollout record: {e}") from e
