@@ -96,6 +96,11 @@ class ModelConfig(_Section):
         "tiny model: peak learning rate of the copy pretraining (3e-3 fails to converge on some CPUs)",
         gt=0.0,
     )
+    tiny_name_tokens: bool = opt(
+        False,
+        "tiny model: add the entity-name pool (horizonrl.envs.names, lookup's `names: pool`) to the "
+        "tokenizer as whole-word tokens, so each entity is one token",
+    )
     seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus")
 
 

@@ -11,6 +11,10 @@ question follows a chain of ``hops`` links from a person::
 or object) plus ``obs_facts`` distractor facts. The expert searches each hop's
 entity in order, then answers.
 
+``names: pool`` draws the entities from :data:`horizonrl.envs.names.ENTITY_NAMES`
+(single tokens of the embedded tokenizer with ``model.tiny_name_tokens``) instead
+of random syllables.
+
 ``tool_noise = p`` makes the search tool unreliable: with probability ``p`` a
 call returns the facts of another entity of the same layer instead (a
 distractor result that does not mention the query). The episode's outcome then
@@ -35,6 +39,7 @@ from typing import Any, ClassVar
 
 from horizonrl.envs.base import Task, is_file_task
 from horizonrl.envs.common import ToolEnv, check_bool, check_int, check_noise
+from horizonrl.envs.names import ENTITY_NAMES
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
 
@@ -84,7 +89,9 @@ class LookupEnv(ToolEnv):
     Knobs: ``hops`` (1-4, default 2) links to follow; ``n_entities`` (2-200,
     default 4) entities per layer; ``obs_facts`` (default 0) distractor facts added
     to every search result (long observations when large); ``decompose`` (default
-    False) adds a hint that spells out the hops.
+    False) adds a hint that spells out the hops; ``tool_noise`` (default 0) the
+    probability of a distractor search result; ``names`` (``syllable`` default, or
+    ``pool``) where entity names come from.
     """
 
     KNOBS: ClassVar[dict[str, Any]] = {
@@ -93,6 +100,7 @@ class LookupEnv(ToolEnv):
         "obs_facts": 0,
         "decompose": False,
         "tool_noise": 0.0,
+        "names": "syllable",
     }
     qa_style: ClassVar[bool] = True
     task_fields: ClassVar[tuple[str, ...]] = ("facts",)
@@ -111,6 +119,12 @@ class LookupEnv(ToolEnv):
         check_int(cls.name, "n_entities", knobs["n_entities"], 2, 200)
         check_int(cls.name, "obs_facts", knobs["obs_facts"], 0, 10_000)
         check_bool(cls.name, "decompose", knobs["decompose"])
+        if knobs["names"] not in ("syllable", "pool"):
+            raise ValueError(f"{cls.name}: knob 'names' must be 'syllable' or 'pool', got {knobs['names']!r}")
+        if knobs["names"] == "pool" and knobs["n_entities"] * (knobs["hops"] + 1) > len(ENTITY_NAMES):
+            raise ValueError(
+                f"{cls.name}: names=pool has {len(ENTITY_NAMES)} names, fewer than n_entities x (hops + 1)"
+            )
         p = knobs["tool_noise"]
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
             raise ValueError(f"{cls.name}: knob 'tool_noise' must be a number in [0, 1], got {p!r}")
@@ -118,7 +132,10 @@ class LookupEnv(ToolEnv):
     @classmethod
     def _generate(cls, rng: random.Random, knobs: dict[str, Any]) -> dict[str, Any]:
         hops, m = knobs["hops"], knobs["n_entities"]
-        names = _names(rng, m * (hops + 1))
+        if knobs["names"] == "pool":
+            names = rng.sample(ENTITY_NAMES, m * (hops + 1))
+        else:
+            names = _names(rng, m * (hops + 1))
         layers = [names[i * m : (i + 1) * m] for i in range(hops + 1)]
         link: dict[str, str] = {}
         facts: list[list[str]] = []

@@ -15,9 +15,10 @@ RTPO_REGIME = (
     # h64 x 2: ~3x faster than the default tiny model; its copy pretraining converges (pretrain.json).
     "model.tiny_hidden=64",
     "model.tiny_layers=2",
+    "model.tiny_name_tokens=true",  # entity names are single tokens (copying is not the bottleneck)
     # Four hops = five turns (K = 5 boundaries), an unreliable search tool (a distractor result with
     # probability 0.2, which the expert retries), one turn of slack.
-    "env.knobs={hops: 4, n_entities: 4, tool_noise: 0.2}",
+    "env.knobs={hops: 4, n_entities: 4, tool_noise: 0.2, names: pool}",
     "env.train_tasks=4000",
     "rollout.max_turns=6",
     "rollout.max_new_tokens=40",

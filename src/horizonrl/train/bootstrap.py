@@ -113,9 +113,13 @@ def tokenizer_corpus(*, seed: int, per_env: int = 150) -> Iterator[str]:
 def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     """Train the tokenizer, build the randomly initialised tiny model, give it a brief
     in-context copy pretraining (:mod:`horizonrl.train.pretrain`), save both to ``out_dir``."""
+    from horizonrl.envs.names import ENTITY_NAMES
     from horizonrl.models import TinyModelConfig, build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(tokenizer_corpus(seed=cfg.seed), vocab_size=cfg.tiny_vocab, seed=cfg.seed)
+    words = ENTITY_NAMES if cfg.tiny_name_tokens else ()
+    tok = train_tokenizer(
+        tokenizer_corpus(seed=cfg.seed), vocab_size=cfg.tiny_vocab, seed=cfg.seed, words=words
+    )
     tcfg = TinyModelConfig(
         hidden_size=cfg.tiny_hidden,
         num_layers=cfg.tiny_layers,
