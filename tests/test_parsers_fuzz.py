@@ -577,12 +577,14 @@ def test_repeated_opening_tags_parse_in_linear_time(name):
     for text in (tag * (N // len(tag)), tag * opens + "y" * (N - opens * len(tag))):
         t0 = time.perf_counter()
         parse(text)
-        assert time.perf_counter() - t0 < 3.0, name  # here 0.01-0.2 s; the old code 4 s to minutes
+        # A hang guard, not a speed test (linearity is asserted by the scan counter above; speed is
+        # benchmarks/parsers.py): 0.01-0.2 s here, the old code took minutes.
+        assert time.perf_counter() - t0 < 60.0, name
 
 
 def test_repair_of_a_huge_selection_is_linear():
     entries = list(range(200_000)) * 2
     t0 = time.perf_counter()
     rep = memory.repair_selection(entries, range(200_000), max_selected=5, keep_latest=2)
-    assert time.perf_counter() - t0 < 3.0  # here 0.1 s; the old list membership test: O(n^2), minutes
+    assert time.perf_counter() - t0 < 60.0  # a hang guard: 0.1 s here; the old O(n^2) repair took minutes
     assert rep.selected == (0, 1, 2, 3, 4) and len(rep.over_cap) == 199_995 and len(rep.duplicates) == 200_000

@@ -153,7 +153,9 @@ def test_math_equivalent_without_sympy(monkeypatch):
 def test_math_equivalent_never_evaluates_code_and_stays_fast(pred):
     start = time.perf_counter()
     assert not math_equivalent(pred, "1")
-    assert time.perf_counter() - start < 2.0
+    assert (
+        time.perf_counter() - start < 5.0
+    )  # a hang guard (the budget itself is tested in test_rewards_fuzz)
 
 
 def test_registry():

@@ -508,6 +508,7 @@ class MemoryContext(MessageManager):
         )
         st.dropped += sum(rep.counts().values())
         where.info["repair"] = rep.counts()
+        where.info["records"] = len(completed)  # records in memory when it was rebuilt
         if not rep.fits:
             end_overlong(ep, f"rebuilt context of {rep.cost} tokens (with generation) is over budget", where)
             return

@@ -44,6 +44,7 @@ from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
 
 LAYER_TYPES = ("person", "company", "city", "country", "region")
+NOISE_KINDS = ("guess", "distractor", "redundant")
 RELATIONS = ("works at", "is in", "is in", "is in")
 MAX_HOPS = len(RELATIONS)
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -70,6 +71,16 @@ def _names(rng: random.Random, k: int) -> list[str]:
     return out
 
 
+def _weighted(rng: random.Random, options: list[tuple[str, float]]) -> str:
+    """One name of ``options`` with probability proportional to its weight (one uniform draw)."""
+    u = rng.random() * sum(w for _, w in options)
+    for name, w in options:
+        u -= w
+        if u < 0:
+            return name
+    return options[-1][0]
+
+
 def _describe(hops: int, person: str) -> str:
     """``the city of the company of Tamo`` for hops=2."""
     text = person
@@ -86,12 +97,14 @@ def _fact_text(fact: list[str]) -> str:
 class LookupEnv(ToolEnv):
     """Multi-hop lookup over a generated fact base (see module docstring).
 
-    Knobs: ``hops`` (1-4, default 2) links to follow; ``n_entities`` (2-200,
+    Knobs: ``hops`` (1-4, default 2) links to follow, or a list of them (each task draws
+    one: mixed-difficulty tasks); ``n_entities`` (2-200,
     default 4) entities per layer; ``obs_facts`` (default 0) distractor facts added
     to every search result (long observations when large); ``decompose`` (default
     False) adds a hint that spells out the hops; ``tool_noise`` (default 0) the
     probability of a distractor search result; ``names`` (``syllable`` default, or
-    ``pool``) where entity names come from.
+    ``pool``) where entity names come from; ``noise_kinds`` the weights of the expert's
+    mistakes (see :meth:`expert_action`).
     """
 
     KNOBS: ClassVar[dict[str, Any]] = {
@@ -101,6 +114,7 @@ class LookupEnv(ToolEnv):
         "decompose": False,
         "tool_noise": 0.0,
         "names": "syllable",
+        "noise_kinds": {"guess": 1.0, "distractor": 1.0},
     }
     qa_style: ClassVar[bool] = True
     task_fields: ClassVar[tuple[str, ...]] = ("facts",)
@@ -115,13 +129,29 @@ class LookupEnv(ToolEnv):
 
     @classmethod
     def _check_knobs(cls, knobs: dict[str, Any]) -> None:
-        check_int(cls.name, "hops", knobs["hops"], 1, MAX_HOPS)
+        hops = knobs["hops"] if isinstance(knobs["hops"], list) else [knobs["hops"]]
+        if not hops:
+            raise ValueError(f"{cls.name}: knob 'hops' must be an integer or a non-empty list of them")
+        for h in hops:
+            check_int(cls.name, "hops", h, 1, MAX_HOPS)
+        kinds = knobs["noise_kinds"]
+        if (
+            not isinstance(kinds, dict)
+            or not kinds
+            or any(k not in NOISE_KINDS for k in kinds)
+            or any(isinstance(w, bool) or not isinstance(w, int | float) or w < 0 for w in kinds.values())
+            or not sum(kinds.values()) > 0
+        ):
+            raise ValueError(
+                f"{cls.name}: knob 'noise_kinds' must map some of {list(NOISE_KINDS)} to non-negative "
+                f"weights (not all 0), got {kinds!r}"
+            )
         check_int(cls.name, "n_entities", knobs["n_entities"], 2, 200)
         check_int(cls.name, "obs_facts", knobs["obs_facts"], 0, 10_000)
         check_bool(cls.name, "decompose", knobs["decompose"])
         if knobs["names"] not in ("syllable", "pool"):
             raise ValueError(f"{cls.name}: knob 'names' must be 'syllable' or 'pool', got {knobs['names']!r}")
-        if knobs["names"] == "pool" and knobs["n_entities"] * (knobs["hops"] + 1) > len(ENTITY_NAMES):
+        if knobs["names"] == "pool" and knobs["n_entities"] * (max(hops) + 1) > len(ENTITY_NAMES):
             raise ValueError(
                 f"{cls.name}: names=pool has {len(ENTITY_NAMES)} names, fewer than n_entities x (hops + 1)"
             )
@@ -132,6 +162,8 @@ class LookupEnv(ToolEnv):
     @classmethod
     def _generate(cls, rng: random.Random, knobs: dict[str, Any]) -> dict[str, Any]:
         hops, m = knobs["hops"], knobs["n_entities"]
+        if isinstance(hops, list):
+            hops = rng.choice(hops)
         if knobs["names"] == "pool":
             names = rng.sample(ENTITY_NAMES, m * (hops + 1))
         else:
@@ -222,9 +254,14 @@ class LookupEnv(ToolEnv):
     def expert_action(self, rng: random.Random, noise: float = 0.0) -> str:
         """Search ``chain[k]`` for the first hop ``k`` not yet searched, then answer.
 
-        With probability ``noise`` per call the expert instead answers a wrong
-        entity of the answer's type (a guess), or, before the last hop, searches
-        another entity of the current hop's type (a distractor), 50/50.
+        With probability ``noise`` per call the expert instead makes a mistake, of a
+        kind drawn with the ``noise_kinds`` weights (default guess 1, distractor 1):
+
+        - ``guess``: answers a wrong entity of the answer's type (an early, wrong answer);
+        - ``distractor`` (before the last hop): searches another entity of the current
+          hop's type (an irrelevant result);
+        - ``redundant``: searches an entity it has already searched again (fills the
+          context without new evidence; a distractor when nothing was searched yet).
         """
         noise = check_noise(noise)
         st = self.state
@@ -236,10 +273,18 @@ class LookupEnv(ToolEnv):
         while k < hops and chain[k] in st["searched"]:
             k += 1
         if rng.random() < noise:
-            wrong = [e for e in layers[hops] if e != chain[hops]]
-            if k == hops or rng.random() < 0.5:
-                return format_answer(rng.choice(wrong))
-            return format_tool_call("search", {"query": rng.choice([e for e in layers[k] if e != chain[k]])})
+            kinds = self.knobs.get("noise_kinds") or {"guess": 1.0, "distractor": 1.0}
+            allowed = [(n, float(kinds.get(n, 0))) for n in NOISE_KINDS if kinds.get(n, 0) > 0]
+            allowed = [(n, w) for n, w in allowed if n != "distractor" or k < hops]
+            kind = allowed[0][0] if len(allowed) == 1 else _weighted(rng, allowed)
+            if kind == "guess" or not allowed:
+                return format_answer(rng.choice([e for e in layers[hops] if e != chain[hops]]))
+            if kind == "redundant" and st["searched"]:
+                return format_tool_call("search", {"query": rng.choice(st["searched"])})
+            layer = min(k, hops - 1)
+            return format_tool_call(
+                "search", {"query": rng.choice([e for e in layers[layer] if e != chain[layer]])}
+            )
         if k == hops:
             return format_answer(chain[hops])
         return format_tool_call("search", {"query": chain[k]})
