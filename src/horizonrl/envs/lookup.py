@@ -45,6 +45,7 @@ from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
 
 LAYER_TYPES = ("person", "company", "city", "country", "region")
 NOISE_KINDS = ("guess", "distractor", "redundant")
+FORK_NOISE_KINDS = ("direct", "redundant", "irrelevant", "guess")
 RELATIONS = ("works at", "is in", "is in", "is in")
 MAX_HOPS = len(RELATIONS)
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -115,6 +116,7 @@ class LookupEnv(ToolEnv):
         "tool_noise": 0.0,
         "names": "syllable",
         "noise_kinds": {"guess": 1.0, "distractor": 1.0},
+        "fork_noise_kinds": {"direct": 1.0},
     }
     qa_style: ClassVar[bool] = True
     task_fields: ClassVar[tuple[str, ...]] = ("facts",)
@@ -134,18 +136,19 @@ class LookupEnv(ToolEnv):
             raise ValueError(f"{cls.name}: knob 'hops' must be an integer or a non-empty list of them")
         for h in hops:
             check_int(cls.name, "hops", h, 1, MAX_HOPS)
-        kinds = knobs["noise_kinds"]
-        if (
-            not isinstance(kinds, dict)
-            or not kinds
-            or any(k not in NOISE_KINDS for k in kinds)
-            or any(isinstance(w, bool) or not isinstance(w, int | float) or w < 0 for w in kinds.values())
-            or not sum(kinds.values()) > 0
-        ):
-            raise ValueError(
-                f"{cls.name}: knob 'noise_kinds' must map some of {list(NOISE_KINDS)} to non-negative "
-                f"weights (not all 0), got {kinds!r}"
-            )
+        for knob, allowed in (("noise_kinds", NOISE_KINDS), ("fork_noise_kinds", FORK_NOISE_KINDS)):
+            kinds = knobs[knob]
+            if (
+                not isinstance(kinds, dict)
+                or not kinds
+                or any(k not in allowed for k in kinds)
+                or any(isinstance(w, bool) or not isinstance(w, int | float) or w < 0 for w in kinds.values())
+                or not sum(kinds.values()) > 0
+            ):
+                raise ValueError(
+                    f"{cls.name}: knob {knob!r} must map some of {list(allowed)} to non-negative "
+                    f"weights (not all 0), got {kinds!r}"
+                )
         check_int(cls.name, "n_entities", knobs["n_entities"], 2, 200)
         check_int(cls.name, "obs_facts", knobs["obs_facts"], 0, 10_000)
         check_bool(cls.name, "decompose", knobs["decompose"])
@@ -308,15 +311,42 @@ class LookupEnv(ToolEnv):
         """Expert main agent of subagent forking: delegate hop ``k`` to a subagent, then answer.
 
         Fork call ``k`` delegates :meth:`subtask` for ``chain[k]``; after ``hops`` forks
-        it answers. With probability ``noise`` it instead does the next step itself
-        (:meth:`expert_action`, which may also err).
+        it answers. With probability ``noise`` it instead errs, of a kind drawn with the
+        ``fork_noise_kinds`` weights (default: ``direct`` only): ``direct`` does the next
+        step itself (:meth:`expert_action`, which may also err); ``redundant`` forks the
+        right subtask twice; ``irrelevant`` forks it with a subtask about another entity
+        of the same layer; ``guess`` answers a wrong entity. So the number of subagents
+        (sessions) is the policy's choice, and extra children cost context.
         """
         chain = self.state["chain"]
         hops = len(chain) - 1
-        if "sentences" in self.state or rng.random() < check_noise(noise):
+        if "sentences" in self.state:
             return self.expert_action(rng, noise)
-        if forks_done < hops:
-            task = self.subtask(forks_done, chain[forks_done])
+        kinds = self.knobs.get("fork_noise_kinds") or {"direct": 1.0}
+        if set(kinds) == {"direct"}:  # the original expert (its draws are unchanged)
+            if rng.random() < check_noise(noise):
+                return self.expert_action(rng, noise)
+            k = forks_done
+        else:  # hops resolved so far: delegated (one per fork call) or searched by the main agent
+            k = min(hops, forks_done + sum(e in self.state["searched"] for e in chain[:hops]))
+            if rng.random() < check_noise(noise):
+                options = [(n, float(kinds[n])) for n in FORK_NOISE_KINDS if kinds.get(n, 0) > 0]
+                options = [(n, w) for n, w in options if n == "guess" or k < hops]
+                kind = options[0][0] if len(options) == 1 else _weighted(rng, options)
+                if kind == "guess" or not options:
+                    layers = self.state["layers"]
+                    return format_answer(rng.choice([e for e in layers[hops] if e != chain[hops]]))
+                if kind == "direct":
+                    return format_tool_call("search", {"query": chain[k]})
+                task = {"task": self.subtask(k, chain[k])}
+                if kind == "redundant":
+                    return format_tool_call("fork", {"subagents": [task, dict(task)]})
+                other = rng.choice([e for e in self.state["layers"][k] if e != chain[k]])
+                pair = [task, {"task": self.subtask(k, other)}]
+                rng.shuffle(pair)
+                return format_tool_call("fork", {"subagents": pair})
+        if k < hops:
+            task = self.subtask(k, chain[k])
             return format_tool_call("fork", {"subagents": [{"task": task}]})
         return format_answer(chain[hops])
 
