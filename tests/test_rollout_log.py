@@ -101,7 +101,7 @@ def test_ccpo_side_info_counts_peers_by_hand():
     g = Group("g", "t", [ro("a", ("x", "end"), 1.0), ro("b", ("y", "end"), 0.0)])
     hidden = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 0.9], [0.9, 0.1]])
     with credit.collect_side_info() as side:
-        adv = credit.get_estimator("ccpo")([g], hidden=hidden)
+        adv = credit.get_estimator("ccpo")([g], hidden=hidden, obs_key="state")
     t_a = side.rollouts[0]["turns"][0]
     assert [t["peers"] for t in t_a] == [1, 2]
     assert [t["supported"] for t in t_a] == [True, True] and [t["fallback"] for t in t_a] == [False, True]
@@ -177,7 +177,13 @@ def mosaic_step(tiny_model_dir, tmp_path_factory):
     """One real Mosaic step under context compaction on the tiny model; its rollouts file and the trainer."""
     out = tmp_path_factory.mktemp("mosaic_log")
     path = resources.files("horizonrl") / "configs" / "mosaic_compaction_lookup.yaml"
-    cfg = load_config(str(path), [*SMALL, f"train.init={tiny_model_dir}", f"train.out_dir={out}"])
+    # The untrained tiny model never writes a parsable summary; keep_failed keeps those attempts as
+    # sessions (an ablation), so the file has compaction sessions to check.
+    keep = (
+        "rollout.context_params={max_compactions: 3, reserve: 64, summary_max_tokens: 128, prompts: short, "
+        "keep_failed: true}"
+    )
+    cfg = load_config(str(path), [*SMALL, keep, f"train.init={tiny_model_dir}", f"train.out_dir={out}"])
     trainer = GroupTrainer(cfg)
     trainer.train_step()
     return out / "rollouts" / "step_1.jsonl"
