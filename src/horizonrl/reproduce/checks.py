@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from horizonrl.config import RunConfig
-from horizonrl.trajectory import Group, Rollout, build_rows
+from horizonrl.trajectory import Group, Rollout, saved_tokens
 
 Row = dict[str, Any]
 
@@ -83,11 +83,6 @@ def _flat(groups: list[Group]) -> list[Rollout]:
 
 def mixed_group_rate(groups: list[Group]) -> float:
     return float(np.mean([0 < sum(r.success for r in g.rollouts) < len(g.rollouts) for g in groups]))
-
-
-def saved_tokens(rollout: Rollout) -> int:
-    """Trajectory volume as saved segment tokens: the total length of the rollout's training rows."""
-    return sum(len(r) for r in build_rows([rollout]))
 
 
 # ----------------------------------------------------------------- Mosaic

@@ -201,3 +201,241 @@ def ccpo() -> Paper:
             "and differs only in the estimator."
         ),
     )
+
+
+# ---------------------------------------------------------------- Mosaic
+
+
+def _mosaic_checks(cfg):
+    from horizonrl.reproduce.checks import mosaic_checks
+
+    return mosaic_checks(cfg)
+
+
+MOSAIC_SHAPING = "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, lambda_r: 0.1}"
+
+
+@register_paper("mosaic")
+def mosaic() -> Paper:
+    lookup = "names: pool, n_entities: 4"
+    return Paper(
+        name="mosaic",
+        title="Mosaic: session-aware credit vs broadcasting and IGPO, under compaction and subagent forking",
+        claim=(
+            "Session-aware trajectory advantages plus marginal-information-gain shaping reach higher "
+            "accuracy than broadcasting one GRPO advantage over all sessions, with fewer sessions per "
+            "trajectory (Table 1, Fig. 3), in both multi-session scenarios; shaping adds to the "
+            "session-aware "
+            "advantage (Fig. 3c/d); IGPO's turn-level information gain costs more wall time (Fig. 3b)."
+        ),
+        base="mosaic_compaction_lookup",
+        overrides=(
+            "model.tiny_name_tokens=true",  # entity names are single tokens
+            "env.train_tasks=4000",
+            "rollout.group_size=8",
+            "rollout.tasks_per_step=4",
+            "optim.lr=1.0e-4",
+            "sft.demos=2000",
+            "sft.epochs=2",
+        ),
+        scenarios={
+            # Mixed 2-3-hop tasks, a session limit that fits about two searches, at most two successful
+            # compactions; the expert's mistakes are mostly redundant searches (fill the context, cost
+            # sessions, and end in a forced answer when the compactions run out) and some early guesses.
+            "compaction": (
+                f"env.knobs={{hops: [2, 3], obs_facts: 3, {lookup}, "
+                "noise_kinds: {guess: 0.5, redundant: 3}}",
+                "rollout.context=compaction",
+                "rollout.context_budget=460",
+                "rollout.max_turns=10",
+                "rollout.context_params={max_compactions: 2, reserve: 48, summary_max_tokens: 96, "
+                "prompts: short}",
+                "sft.noise=0.3",
+            ),
+            # Two-hop tasks; the expert delegates each hop to a subagent, and errs by searching directly,
+            # forking a redundant or an irrelevant second child, or guessing: the number of subagents
+            # (sessions) is a real choice.
+            "fork": (
+                f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, "
+                "fork_noise_kinds: {direct: 2, redundant: 1, irrelevant: 1, guess: 0.5}}",
+                "rollout.context=append",
+                "rollout.agent=fork",
+                "rollout.agent_params={max_subagents: 3, max_forks: 10, prompts: short}",
+                "rollout.context_budget=1024",
+                "rollout.max_turns=6",
+                "rollout.max_new_tokens=64",
+                "sft.noise=0.3",
+            ),
+        },
+        arms=(
+            Arm(
+                "mosaic",
+                ("algo.estimator=mosaic", MOSAIC_SHAPING),
+                scenario="compaction",
+                help="session-aware advantage + IG shaping",
+            ),
+            Arm(
+                "mosaic_noshaping",
+                (
+                    "algo.estimator=mosaic",
+                    "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
+                ),
+                scenario="compaction",
+                help="Eq. 14 only (no information-gain shaping)",
+            ),
+            Arm(
+                "broadcast",
+                ("algo.estimator=broadcast",),
+                scenario="compaction",
+                help="one GRPO advantage on every session, per-rollout token weighting",
+            ),
+            Arm(
+                "igpo",
+                ("algo.estimator=igpo", "algo.kl_coef=0.001"),
+                scenario="compaction",
+                help="turn-level information gain (IGPO), KL 0.001",
+            ),
+            Arm(
+                "fork_mosaic",
+                ("algo.estimator=mosaic", MOSAIC_SHAPING),
+                scenario="fork",
+                help="Mosaic under subagent forking",
+            ),
+            Arm(
+                "fork_mosaic_noshaping",
+                (
+                    "algo.estimator=mosaic",
+                    "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
+                ),
+                scenario="fork",
+                help="Eq. 14 only, forking",
+            ),
+            Arm(
+                "fork_broadcast", ("algo.estimator=broadcast",), scenario="fork", help="broadcasting, forking"
+            ),
+        ),
+        comparisons=(
+            Comparison("mosaic", "broadcast", "Mosaic > broadcasting (compaction)"),
+            Comparison("mosaic", "mosaic_noshaping", "IG shaping adds (compaction)"),
+            Comparison("mosaic", "igpo", "Mosaic > IGPO (compaction)"),
+            Comparison("fork_mosaic", "fork_broadcast", "Mosaic > broadcasting (forking)"),
+            Comparison("fork_mosaic", "fork_mosaic_noshaping", "IG shaping adds (forking)"),
+        ),
+        budget_tokens=200_000,
+        eval_tasks=256,
+        diagnostics=(
+            "rollout/sessions_mean",
+            "rollout/sessions_compaction_mean",
+            "rollout/sessions_subagent_mean",
+            "ig/positive_rate",
+            "ig/score_s",
+            "time/step_s",
+        ),
+        checks=_mosaic_checks,
+        notes=(
+            "Task: `lookup` over generated fact bases with single-token entity names. Compaction: mixed "
+            "2-3-hop questions, sessions of 460 tokens (about two searches), at most 2 compactions, "
+            "summaries sampled at the paper's temperature 0.1 (trained at it). Forking: 2-hop questions, up "
+            "to 3 subagents per fork call. Model: the embedded tiny model (hidden 128 x 4)."
+        ),
+    )
+
+
+# ---------------------------------------------------------------- ECHO
+
+
+def _echo_checks(cfg):
+    from horizonrl.reproduce.checks import echo_checks, with_overrides
+
+    supo = with_overrides(
+        cfg,
+        rollout={"context": "summary", "context_params": {"max_summaries": 5, "summary_tokens": 96,
+                                                          "summary_budget": 1024}},
+    )  # fmt: skip
+    append = with_overrides(cfg, rollout={"context": "append", "context_params": {}})
+    return echo_checks(cfg, supo=supo, append=append)
+
+
+@register_paper("echo")
+def echo() -> Paper:
+    return Paper(
+        name="echo",
+        title="ECHO: selective turn memory with traceable credit vs SUPO and GRPO with truncation",
+        claim=(
+            "Turn memory with learned selection and provenance-routed positive credit beats rolling-summary "
+            "SUPO, which beats GRPO with truncation, with less trajectory volume than SUPO (Table 2, "
+            "Fig. 1-2); removing traceable credit (dense, signed credit) loses part of the gain (Fig. 4)."
+        ),
+        base="echo_lookup",
+        overrides=(
+            "model.tiny_name_tokens=true",
+            "env.knobs={hops: [2, 3, 4], n_entities: 4, obs_facts: 4, names: pool, "
+            "noise_kinds: {distractor: 2, redundant: 1}}",
+            "env.train_tasks=4000",
+            "rollout.context_budget=720",
+            "rollout.max_new_tokens=56",
+            "rollout.max_turns=12",
+            "rollout.group_size=8",
+            "rollout.tasks_per_step=4",
+            "optim.lr=1.0e-4",
+            "sft.demos=2000",
+            "sft.noise=0.5",
+            "sft.epochs=2",
+        ),
+        scenarios={
+            "memory": (
+                "rollout.context=memory",
+                "rollout.context_params={max_selected: 1, keep_latest: 1, max_reconstructions: 5, "
+                "selection_tokens: 48, selection_budget: 1024}",
+            ),
+            "summary": (
+                "rollout.context=summary",
+                "rollout.context_params={max_summaries: 5, summary_tokens: 96, summary_budget: 1024}",
+            ),
+            "append": ("rollout.context=append", "rollout.context_params={}", "rollout.overflow=truncate"),
+        },
+        arms=(
+            Arm(
+                "echo",
+                ("algo.estimator=echo", "algo.estimator_params={sign_rule: positive, dense: false}"),
+                scenario="memory",
+                help="provenance-masked positive credit",
+            ),
+            Arm(
+                "echo_dense",
+                ("algo.estimator=echo", "algo.estimator_params={sign_rule: signed, dense: true}"),
+                scenario="memory",
+                help="w/o traceable credit: dense, signed (plain GRPO over ECHO rollouts)",
+            ),
+            Arm("supo", ("algo.estimator=supo",), scenario="summary", help="SUPO rolling summaries"),
+            Arm(
+                "grpo_truncate",
+                ("algo.estimator=grpo",),
+                scenario="append",
+                help="GRPO, one context, generations truncated to fit",
+            ),
+        ),
+        comparisons=(
+            Comparison("echo", "supo", "ECHO > SUPO"),
+            Comparison("supo", "grpo_truncate", "SUPO > GRPO with truncation"),
+            Comparison("echo", "grpo_truncate", "ECHO > GRPO with truncation"),
+            Comparison("echo", "echo_dense", "traceable credit > dense signed credit"),
+        ),
+        budget_tokens=200_000,
+        diagnostics=(
+            "rollout/trajectory_tokens_mean",
+            "rollout/processed_tokens_mean",
+            "rollout/segments",
+            "rollout/split",
+            "rollout/tool_turns",
+            "rollout/sessions_mean",
+        ),
+        checks=_echo_checks,
+        notes=(
+            "Task: `lookup` with mixed 2-4-hop questions, 4 distractor facts per search, single-token entity "
+            "names; the expert's mistakes are irrelevant or repeated searches (irrelevant turn records). "
+            "ECHO: K = 1 latest record kept, S = 1 selected, at most 5 reconstructions, budget B = 720. "
+            "Each protocol has its own warm start (recorded by running its agent program with the expert); "
+            "overlong rollouts are failures in ECHO's baseline (paper Sec. 5.1). Model: hidden 128 x 4."
+        ),
+    )

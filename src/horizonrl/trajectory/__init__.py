@@ -1,7 +1,7 @@
 """Trajectory data model: turns, segments, rollouts, groups, rows, JSONL."""
 
 from horizonrl.trajectory.io import dumps_rollout, loads_rollout, read_jsonl, write_jsonl
-from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows
+from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows, saved_tokens
 from horizonrl.trajectory.types import (
     ANNOTATION_KEYS,
     SEGMENT_KINDS,
@@ -36,5 +36,6 @@ __all__ = [
     "read_jsonl",
     "rollout_from_dict",
     "rollout_to_dict",
+    "saved_tokens",
     "write_jsonl",
 ]
