@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.inference.openai_client import ChatClient
+from horizonrl.jsonl import read_jsonl
 
 __all__ = ["MOSAIC_JUDGE_PROMPT", "JudgeVerdict", "LLMJudge", "format_ground_truth", "parse_verdict"]
 
@@ -120,17 +121,14 @@ class LLMJudge:
             self._load_cache(self.cache_path)
 
     def _load_cache(self, path: Path) -> None:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                    self._cache[entry["key"]] = entry
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ValueError(
-                        f"{path}:{lineno}: not a judge cache entry: {line.strip()[:120]}"
-                    ) from None
+        """Entries of a cache file (:func:`horizonrl.jsonl.read_jsonl`: a torn last line, as a killed
+        writer leaves it, is skipped with a warning; any other bad line is a DataError naming it)."""
+        for rec in read_jsonl(path, what="judge cache entries"):
+            key = rec.get("key", str)
+            rec.get("correct", bool)
+            rec.get("raw", str)
+            rec.get("parsed", bool)
+            self._cache[key] = rec.value
 
     @staticmethod
     def cache_key(question: str, gold: str | Sequence[str], prediction: str, model: str) -> str:
@@ -179,8 +177,10 @@ class LLMJudge:
             self._cache[key] = entry
             if self.cache_path is not None:
                 self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.cache_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                with open(self.cache_path, "a+b") as f:
+                    if f.tell() and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                        f.write(b"\n")  # end a torn last line so the entry starts on its own line
+                    f.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
         return verdict
 
     def reward(self, question: str, gold: str | Sequence[str], prediction: str | None) -> float:

@@ -29,7 +29,7 @@ import torch
 from horizonrl import credit
 from horizonrl.agents import LoopLimits
 from horizonrl.agents.psi import flat_view
-from horizonrl.agents.registry import AgentSpec, check_agent_params
+from horizonrl.agents.registry import AgentSpec
 from horizonrl.config import RunConfig, save_config
 from horizonrl.envs import get_env
 from horizonrl.inference import SamplingParams, make_engine
@@ -39,6 +39,7 @@ from horizonrl.train import hidden, info_gain  # noqa: F401  (register the featu
 from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.checks import check_resume_config, check_run, ensure_dir, make_tasks
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.env_knobs import resolve_knobs
 from horizonrl.train.features import compute_features
@@ -67,10 +68,15 @@ class GroupTrainer(Trainer):
     """Owns the policy, engine, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        check_run(cfg)
         self.cfg = cfg
-        self.run_dir = Path(cfg.train.out_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = ensure_dir(cfg.train.out_dir, "train.out_dir")
         self.ckpt_dir = self.run_dir / "checkpoints"
+        if resume:
+            if not ckpt.list_checkpoints(self.ckpt_dir):
+                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
+            check_resume_config(cfg, self.run_dir / "config.yaml")
+        ckpt.clean_stale(self.ckpt_dir)
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
 
@@ -78,14 +84,9 @@ class GroupTrainer(Trainer):
         self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
         self.env_cls = get_env(cfg.env.name)
         knobs = self.env_knobs = resolve_knobs(dict(cfg.env.knobs))
-        self.train_tasks = self.env_cls.make_tasks(
-            cfg.env.train_tasks, seed=cfg.env.seed, split="train", **knobs
-        )
-        self.test_tasks = self.env_cls.make_tasks(
-            cfg.env.test_tasks, seed=cfg.env.seed, split="test", **knobs
-        )
+        self.train_tasks = make_tasks(self.env_cls, cfg.env.train_tasks, cfg.env.seed, "train", knobs)
+        self.test_tasks = make_tasks(self.env_cls, cfg.env.test_tasks, cfg.env.seed, "test", knobs)
         self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
-        check_agent_params(cfg.rollout.agent, cfg.rollout.agent_params)
 
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
@@ -135,13 +136,11 @@ class GroupTrainer(Trainer):
             grad_clip=o.grad_clip,
             old_logprobs=cfg.algo.old_logprobs,
             logprob_clip=cfg.algo.logprob_clip,
+            nonfinite=o.nonfinite,
         )
         resume_step = None
         if resume:
-            path = ckpt.latest_checkpoint(self.ckpt_dir)
-            if path is None:
-                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
-            self._restore(path)
+            self._restore(ckpt.load_latest(self.ckpt_dir))
             resume_step = self.step
         save_config(cfg, self.run_dir / "config.yaml")
         self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step)
@@ -170,9 +169,10 @@ class GroupTrainer(Trainer):
             keep=self.cfg.train.keep_checkpoints,
         )
 
-    def _restore(self, path: Path) -> None:
-        ckpt.load_weights_into(self.model, path)
-        st = ckpt.load_trainer_state(path)
+    def _restore(self, ck: ckpt.Checkpoint) -> None:
+        """Restore a checkpoint read whole by :func:`~horizonrl.train.checkpoint.load_latest`."""
+        ckpt.load_weights_into(self.model, ck.weights)
+        st = ck.state
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.task_rng.setstate(st["task_rng"])

@@ -13,6 +13,7 @@ from horizonrl.config import RunConfig, load_config
 from horizonrl.envs import get_env
 from horizonrl.inference.base import SamplingParams
 from horizonrl.train.bootstrap import generate_demos, load_policy, read_demos, resolve_device, write_demos
+from horizonrl.train.checks import check_run, ensure_dir, make_tasks
 from horizonrl.train.collect import evaluate
 from horizonrl.train.sft import demo_rows, sft_train
 
@@ -25,8 +26,8 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     """Fine-tune ``model.path`` (or ``train.init``) on demonstrations; save to ``sft.out_dir``."""
     from horizonrl.models import ChatRenderer, save_model_and_tokenizer
 
-    out = Path(cfg.sft.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_run(cfg, trainer=False)
+    out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
     if cfg.sft.data is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
@@ -119,11 +120,14 @@ def evaluate_model(
     from horizonrl.models import ChatRenderer
     from horizonrl.train.env_knobs import resolve_knobs
 
+    check_run(cfg, trainer=False)
+    if not Path(model_dir).is_dir():
+        raise FileNotFoundError(f"--model {model_dir}: no such model directory")
     model, tok = load_policy(cfg.model, init=str(model_dir), work_dir=Path(model_dir))
     env_cls = get_env(cfg.env.name)
     knobs = resolve_knobs(dict(cfg.env.knobs))
     n = n_tasks if n_tasks is not None else (cfg.env.test_tasks if split == "test" else cfg.env.train_tasks)
-    tasks = env_cls.make_tasks(n, seed=cfg.env.seed, split=split, **knobs)
+    tasks = make_tasks(env_cls, n, cfg.env.seed, split, knobs)
     t = cfg.train
     engine = make_engine(
         cfg.inference.engine,

@@ -12,6 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from horizonrl.errors import ConfigError
+
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 # Modules that register trainers; imported on first use (they pull in torch and models).
 _MODULES = ("horizonrl.train.group_trainer", "horizonrl.train.rtpo_trainer", "horizonrl.train.seeupo")
@@ -46,5 +48,5 @@ def make_trainer(cfg, *, resume: bool = False):
     _load()
     name = cfg.train.trainer
     if name not in _REGISTRY:
-        raise ValueError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
+        raise ConfigError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
     return _REGISTRY[name](cfg, resume=resume)
