@@ -20,6 +20,7 @@ import json
 import math
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from horizonrl.agents.psi import flat_view
 from horizonrl.agents.registry import AgentSpec
 from horizonrl.config import RunConfig, save_config
 from horizonrl.envs import get_env
+from horizonrl.errors import HorizonWarning
 from horizonrl.inference import SamplingParams, make_engine
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
@@ -48,7 +50,9 @@ from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
 from horizonrl.trajectory import build_rows, write_jsonl
 
-NONDETERMINISTIC_KEYS = ("time/", "throughput/")
+#: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
+#: same config and seed: tests/test_reliability.py, docs/reliability.md).
+NONDETERMINISTIC_KEYS = ("time/", "throughput/", "ig/score_s", "ccpo/hidden_s")
 
 
 def _lr_lambda(warmup: int, total: int, schedule: str):
@@ -157,6 +161,7 @@ class GroupTrainer(Trainer):
             "global_rng": ckpt.rng_state(),
             "budget": self.budget.state(),
             "evals_done": list(self.evals_done),
+            "threads": torch.get_num_threads(),
         }
 
     def save(self) -> Path:
@@ -182,6 +187,15 @@ class GroupTrainer(Trainer):
         self.step = int(st["step"])
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
+        threads = st.get("threads")
+        if threads is not None and threads != torch.get_num_threads():
+            warnings.warn(
+                f"--resume: {ck.path} was written with {threads} torch thread(s), this process uses "
+                f"{torch.get_num_threads()}; the resumed run may differ from an uninterrupted one in the "
+                "last bits (set OMP_NUM_THREADS to match; docs/reliability.md)",
+                HorizonWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ loop
 

@@ -27,26 +27,26 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     from horizonrl.models import ChatRenderer, save_model_and_tokenizer
 
     check_run(cfg, trainer=False)
+    demos = read_demos(cfg.sft.data) if cfg.sft.data is not None else None  # fail before any work
     out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
-    if cfg.sft.data is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
-        rows = expert_program_rows(cfg, ChatRenderer(tok), tok)
-    elif cfg.sft.data is not None:
-        demos = read_demos(cfg.sft.data)
+    renderer = ChatRenderer(tok)
+    if demos is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
+        rows = expert_program_rows(cfg, renderer, tok)
     else:
-        demos = generate_demos(
-            cfg.env.name,
-            cfg.sft.demos,
-            seed=cfg.train.seed,
-            noise=cfg.sft.noise,
-            max_turns=cfg.rollout.max_turns,
-            knobs=dict(cfg.env.knobs),
-            task_seed=cfg.env.seed,
-        )
-        write_demos(out / "demos.jsonl", demos)
-    if cfg.sft.data is not None or (cfg.rollout.agent == "react" and cfg.rollout.context == "append"):
-        rows = demo_rows(ChatRenderer(tok), demos)
+        if demos is None:
+            demos = generate_demos(
+                cfg.env.name,
+                cfg.sft.demos,
+                seed=cfg.train.seed,
+                noise=cfg.sft.noise,
+                max_turns=cfg.rollout.max_turns,
+                knobs=dict(cfg.env.knobs),
+                task_seed=cfg.env.seed,
+            )
+            write_demos(out / "demos.jsonl", demos)
+        rows = demo_rows(renderer, demos)
     device = resolve_device(cfg.model.device)
     model.to(device)
     sft_train(
