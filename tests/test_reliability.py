@@ -299,5 +299,5 @@ def test_weights_of_another_model_are_a_clear_checkpoint_error(base_run, tmp_pat
 
     _, tok = load_model_and_tokenizer(base_run[0] / "checkpoints" / "step_3")
     other = build_tiny_model(tok, TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=48))
-    with pytest.raises(CheckpointError, match="does not match the model .*shape mismatch"):
+    with pytest.raises(CheckpointError, match=r"does not match the model .*shape mismatch"):
         ckpt.load_weights_into(other, base_run[0] / "checkpoints" / "step_3")

@@ -462,6 +462,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path} must be a mapping of sections (model:, env:, ...), got {type(raw).__name__}"
         )
+    for name, section in raw.items():
+        if section is not None and not isinstance(section, dict):
+            raise ConfigError(f"config file {path}: section {name!r} must be a mapping, got {section!r:.80}")
     return raw
 
 

@@ -170,6 +170,37 @@ def read_jsonl(
             yield Record(name, n, value)
 
 
+def append_jsonl(path: str | Path, obj: Any) -> None:
+    """Append ``obj`` as one line. A torn last line (no newline: an interrupted write, which
+    :func:`read_jsonl` skips) is cut off first, with a warning, so the file stays readable."""
+    with open(path, "a+b") as f:
+        size = f.seek(0, 2)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                end = _last_newline(f, size) + 1
+                f.truncate(end)
+                warnings.warn(
+                    f"{path}: removed an incomplete last line ({size - end} bytes) before appending",
+                    HorizonWarning,
+                    stacklevel=2,
+                )
+        f.write((json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def _last_newline(f, size: int, chunk: int = 1 << 16) -> int:
+    """Offset of the last ``\\n`` in the file (-1 if none)."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - chunk)
+        f.seek(start)
+        k = f.read(pos - start).rfind(b"\n")
+        if k >= 0:
+            return start + k
+        pos = start
+    return -1
+
+
 def _warn_torn(path: str, n: int, what: str) -> None:
     warnings.warn(
         f"{path}:{n}: the last line is incomplete (no newline, not valid JSON: an interrupted write); "

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.inference.openai_client import ChatClient
-from horizonrl.jsonl import read_jsonl
+from horizonrl.jsonl import append_jsonl, read_jsonl
 
 __all__ = ["MOSAIC_JUDGE_PROMPT", "JudgeVerdict", "LLMJudge", "format_ground_truth", "parse_verdict"]
 
@@ -177,10 +177,7 @@ class LLMJudge:
             self._cache[key] = entry
             if self.cache_path is not None:
                 self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.cache_path, "a+b") as f:
-                    if f.tell() and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                        f.write(b"\n")  # end a torn last line so the entry starts on its own line
-                    f.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+                append_jsonl(self.cache_path, entry)
         return verdict
 
     def reward(self, question: str, gold: str | Sequence[str], prediction: str | None) -> float:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -224,7 +225,11 @@ def ppo_update(
                 add("train/ratio_geomean", float(torch.exp(torch.tensor(log_ratio_sum / n_tok))))
                 add("train/ratio_max_abs_log", max_abs_log)
     if scheduler is not None:
-        scheduler.step()
+        with warnings.catch_warnings():  # every mini-batch skipped: the schedule still counts the step
+            warnings.filterwarnings(
+                "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
+            )
+            scheduler.step()
     out = {k: sums[k] / counts[k] for k in sums} | before
     out["train/lr"] = lr_before
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
