@@ -58,6 +58,8 @@ def _one_error_line(capsys, code: int) -> str:
             "rollout.agent_params: unknown parameter(s) ['nope'] of agent 'react'",
         ),
         ("rollout.context_params={nope: 1}", "rollout.context_params: unknown parameter(s) ['nope']"),
+        ("inference.params={nope: 1}", "inference.params: unknown parameter(s) ['nope'] of engine 'hf'"),
+        ("inference.params={compact_fraction: x}", "inference.params.compact_fraction='x': must be float"),
         ("rollout.group_size=true", "rollout.group_size=True: expected int"),
         ("rollout.group_size=1000000000000", "rollout.group_size=1000000000000: must be <= 4096"),
         ("model.tiny_hidden=1000000000", "model.tiny_hidden=1000000000: must be <= 8192"),

@@ -81,7 +81,7 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     from horizonrl import credit
     from horizonrl.agents.context import LoopLimits, get_context, list_contexts, make_context
     from horizonrl.agents.registry import get_agent, list_agents
-    from horizonrl.inference.registry import list_engines
+    from horizonrl.inference.registry import TRAINER_SET, engine_parameters, list_engines
 
     if trainer:
         from horizonrl.train.trainers import list_trainers
@@ -130,6 +130,15 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     if cfg.inference.engine not in list_engines():
         raise ConfigError(
             f"inference.engine={cfg.inference.engine!r}: unknown engine; known: {list_engines()}"
+        )
+    target = engine_parameters(cfg.inference.engine)
+    if target is not None:
+        check_kwargs(
+            target,
+            dict(cfg.inference.params),
+            field="inference.params",
+            owner=f"engine {cfg.inference.engine!r}",
+            skip=TRAINER_SET,
         )
 
 

@@ -225,10 +225,9 @@ def ppo_update(
                 add("train/ratio_geomean", float(torch.exp(torch.tensor(log_ratio_sum / n_tok))))
                 add("train/ratio_max_abs_log", max_abs_log)
     if scheduler is not None:
-        with warnings.catch_warnings():  # every mini-batch skipped: the schedule still counts the step
-            warnings.filterwarnings(
-                "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
-            )
+        with warnings.catch_warnings():
+            if skipped:  # the schedule counts the step even when its mini-batches were skipped
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             scheduler.step()
     out = {k: sums[k] / counts[k] for k in sums} | before
     out["train/lr"] = lr_before
