@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from horizonrl.config import ConfigError, describe, load_config
+from horizonrl.errors import HorizonWarning, is_user_error
 
 
 def _cmd_train(args) -> int:
@@ -39,9 +41,26 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_demos(args) -> int:
+    from horizonrl.jsonl import loads
     from horizonrl.train.bootstrap import generate_demos, write_demos
+    from horizonrl.train.checks import check_env_knobs
 
-    knobs = json.loads(args.knobs) if args.knobs else {}
+    knobs = {}
+    if args.knobs:
+        try:
+            knobs = loads(args.knobs)
+        except ValueError as e:
+            raise ConfigError(f"--knobs {args.knobs!r}: not valid JSON ({getattr(e, 'msg', e)})") from None
+        if not isinstance(knobs, dict):
+            raise ConfigError(f"--knobs {args.knobs!r}: must be a JSON object of knob names to values")
+    for name, value, lo, hi in (("--n", args.n, 1, 10**7), ("--max-turns", args.max_turns, 1, 10**5)):
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name}={value}: must be in [{lo}, {hi}]")
+    if not 0.0 <= args.noise <= 1.0:
+        raise ConfigError(f"--noise={args.noise}: must be in [0, 1]")
+    if not 0 <= args.seed <= 2**32 - 1:
+        raise ConfigError(f"--seed={args.seed}: must be in [0, 2**32 - 1]")
+    check_env_knobs(args.env, knobs, field="--knobs", name_field="--env")
     demos = generate_demos(
         args.env, args.n, seed=args.seed, noise=args.noise, max_turns=args.max_turns, knobs=knobs
     )
@@ -68,7 +87,10 @@ def _cmd_reproduce(args) -> int:
             p = get_paper(name)
             print(f"{name:10s} {p.title} ({len(p.arms)} arms: {', '.join(a.name for a in p.arms)})")
         return 0
-    paper = get_paper(args.name)
+    try:
+        paper = get_paper(args.name)
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
     settings = Settings(
         seeds=args.seeds if args.seeds is not None else paper.seeds,
         jobs=args.jobs,
@@ -81,7 +103,10 @@ def _cmd_reproduce(args) -> int:
     )
     if settings.arms:
         for a in settings.arms:
-            paper.arm(a)  # KeyError naming the known arms
+            try:
+                paper.arm(a)
+            except KeyError as e:
+                raise ConfigError(f"--arms: {e.args[0]}") from None
     try:
         reproduce(
             paper,
@@ -392,15 +417,35 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _warning_printer(default):
+    """``warnings.showwarning`` that prints a HorizonWarning as one ``horizonrl: warning:`` line."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, HorizonWarning):
+            print(f"horizonrl: warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. A user error (:data:`horizonrl.errors.USER_ERRORS`: a bad config value, data
+    file or checkpoint, a missing file, a full disk) prints ``horizonrl: error: ...`` and returns 2;
+    anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
     _quiet_transformers()
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_printer(shown)
     try:
         return args.fn(args)
-    except (ConfigError, KeyError, FileNotFoundError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"horizonrl: error: {msg}", file=sys.stderr)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        print(f"horizonrl: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":  # pragma: no cover

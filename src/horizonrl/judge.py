@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.inference.openai_client import ChatClient
+from horizonrl.jsonl import append_jsonl, read_jsonl
 from horizonrl.textparse import cap_text, strip_think
 
 __all__ = ["MOSAIC_JUDGE_PROMPT", "JudgeVerdict", "LLMJudge", "format_ground_truth", "parse_verdict"]
@@ -123,17 +124,14 @@ class LLMJudge:
             self._load_cache(self.cache_path)
 
     def _load_cache(self, path: Path) -> None:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                    self._cache[entry["key"]] = entry
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ValueError(
-                        f"{path}:{lineno}: not a judge cache entry: {line.strip()[:120]}"
-                    ) from None
+        """Entries of a cache file (:func:`horizonrl.jsonl.read_jsonl`: a torn last line, as a killed
+        writer leaves it, is skipped with a warning; any other bad line is a DataError naming it)."""
+        for rec in read_jsonl(path, what="judge cache entries"):
+            key = rec.get("key", str)
+            rec.get("correct", bool)
+            rec.get("raw", str)
+            rec.get("parsed", bool)
+            self._cache[key] = rec.value
 
     @staticmethod
     def cache_key(question: str, gold: str | Sequence[str], prediction: str, model: str) -> str:
@@ -182,8 +180,7 @@ class LLMJudge:
             self._cache[key] = entry
             if self.cache_path is not None:
                 self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.cache_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                append_jsonl(self.cache_path, entry)
         return verdict
 
     def reward(self, question: str, gold: str | Sequence[str], prediction: str | None) -> float:

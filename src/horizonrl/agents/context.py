@@ -209,11 +209,16 @@ def list_contexts() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
-    """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
+def get_context(name: str) -> type[ContextManager]:
+    """The manager class registered as ``name`` (ValueError naming the known ones)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown context manager {name!r}; known: {list_contexts()}")
-    cls = _REGISTRY[name]
+    return _REGISTRY[name]
+
+
+def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
+    """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
+    cls = get_context(name)
     params = dict(params or {})
     sig = inspect.signature(cls.__init__)
     accepted = [p for p in sig.parameters if p not in ("self", "limits")]

@@ -20,6 +20,7 @@ import json
 import math
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ import torch
 from horizonrl import credit
 from horizonrl.agents import LoopLimits
 from horizonrl.agents.psi import flat_view
-from horizonrl.agents.registry import AgentSpec, check_agent_params
+from horizonrl.agents.registry import AgentSpec
 from horizonrl.config import RunConfig, save_config
+from horizonrl.errors import HorizonWarning
 from horizonrl.inference import SamplingParams, make_engine
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
@@ -38,6 +40,7 @@ from horizonrl.train import hidden, info_gain  # noqa: F401  (register the featu
 from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.env_setup import env_setup
 from horizonrl.train.features import compute_features
@@ -47,7 +50,9 @@ from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
 from horizonrl.trajectory import Group, build_rows
 
-NONDETERMINISTIC_KEYS = ("time/", "throughput/")
+#: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
+#: same config and seed: tests/test_reliability.py, docs/reliability.md).
+NONDETERMINISTIC_KEYS = ("time/", "throughput/", "ig/score_s", "ccpo/hidden_s")
 
 
 def _lr_lambda(warmup: int, total: int, schedule: str):
@@ -67,10 +72,15 @@ class GroupTrainer(Trainer):
     """Owns the policy, engine, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        check_run(cfg)
         self.cfg = cfg
-        self.run_dir = Path(cfg.train.out_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = ensure_dir(cfg.train.out_dir, "train.out_dir")
         self.ckpt_dir = self.run_dir / "checkpoints"
+        if resume:
+            if not ckpt.list_checkpoints(self.ckpt_dir):
+                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
+            check_resume_config(cfg, self.run_dir / "config.yaml")
+        ckpt.clean_stale(self.ckpt_dir)
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
 
@@ -81,7 +91,6 @@ class GroupTrainer(Trainer):
         self.train_tasks = self.env_setup.tasks(cfg.env.train_tasks, seed=cfg.env.seed, split="train")
         self.test_tasks = self.env_setup.tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test")
         self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
-        check_agent_params(cfg.rollout.agent, cfg.rollout.agent_params)
 
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
@@ -133,13 +142,11 @@ class GroupTrainer(Trainer):
             logprob_clip=cfg.algo.logprob_clip,
             policy_loss=cfg.algo.policy_loss,
             norm_tokens=cfg.algo.loss_norm_tokens or cfg.rollout.max_new_tokens * cfg.rollout.max_turns,
+            nonfinite=o.nonfinite,
         )
         resume_step = None
         if resume:
-            path = ckpt.latest_checkpoint(self.ckpt_dir)
-            if path is None:
-                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
-            self._restore(path)
+            self._restore(ckpt.load_latest(self.ckpt_dir))
             resume_step = self.step
         save_config(cfg, self.run_dir / "config.yaml")
         self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
@@ -156,6 +163,7 @@ class GroupTrainer(Trainer):
             "global_rng": ckpt.rng_state(),
             "budget": self.budget.state(),
             "evals_done": list(self.evals_done),
+            "threads": torch.get_num_threads(),
         }
 
     def save(self) -> Path:
@@ -168,9 +176,10 @@ class GroupTrainer(Trainer):
             keep=self.cfg.train.keep_checkpoints,
         )
 
-    def _restore(self, path: Path) -> None:
-        ckpt.load_weights_into(self.model, path)
-        st = ckpt.load_trainer_state(path)
+    def _restore(self, ck: ckpt.Checkpoint) -> None:
+        """Restore a checkpoint read whole by :func:`~horizonrl.train.checkpoint.load_latest`."""
+        ckpt.load_weights_into(self.model, ck.weights)
+        st = ck.state
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.task_rng.setstate(st["task_rng"])
@@ -180,6 +189,15 @@ class GroupTrainer(Trainer):
         self.step = int(st["step"])
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
+        threads = st.get("threads")
+        if threads is not None and threads != torch.get_num_threads():
+            warnings.warn(
+                f"--resume: {ck.path} was written with {threads} torch thread(s), this process uses "
+                f"{torch.get_num_threads()}; the resumed run may differ from an uninterrupted one in the "
+                "last bits (set OMP_NUM_THREADS to match; docs/reliability.md)",
+                HorizonWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ loop
 

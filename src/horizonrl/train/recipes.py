@@ -12,6 +12,7 @@ from horizonrl.agents import AgentSpec, LoopLimits
 from horizonrl.config import RunConfig, load_config
 from horizonrl.inference.base import SamplingParams
 from horizonrl.train.bootstrap import generate_demos, load_policy, read_demos, resolve_device, write_demos
+from horizonrl.train.checks import check_run, ensure_dir
 from horizonrl.train.collect import evaluate
 from horizonrl.train.env_setup import env_setup
 from horizonrl.train.sft import demo_rows, sft_train
@@ -25,15 +26,14 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     """Fine-tune ``model.path`` (or ``train.init``) on demonstrations; save to ``sft.out_dir``."""
     from horizonrl.models import ChatRenderer, save_model_and_tokenizer
 
-    out = Path(cfg.sft.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_run(cfg, trainer=False)
+    demos = read_demos(cfg.sft.data) if cfg.sft.data is not None else None  # fail before any work
+    out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
-    if cfg.sft.data is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
+    if demos is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
         rows = expert_program_rows(cfg, ChatRenderer(tok), tok)
-    elif cfg.sft.data is not None:
-        demos = read_demos(cfg.sft.data)
-    else:
+    elif demos is None:
         demos = generate_demos(
             cfg.env.name,
             cfg.sft.demos,
@@ -117,6 +117,9 @@ def evaluate_model(
     from horizonrl.inference import make_engine
     from horizonrl.models import ChatRenderer
 
+    check_run(cfg, trainer=False)
+    if not Path(model_dir).is_dir():
+        raise FileNotFoundError(f"--model {model_dir}: no such model directory")
     setup = env_setup(cfg.env)  # the judge cache (if any) stays in memory: model_dir may be a checkpoint
     n = n_tasks if n_tasks is not None else (cfg.env.test_tasks if split == "test" else cfg.env.train_tasks)
     tasks = setup.tasks(n, seed=cfg.env.seed, split=split)

@@ -32,9 +32,11 @@ from horizonrl.agents.context import AppendContext, make_context
 from horizonrl.agents.driver import drive
 from horizonrl.agents.psi import Boundary, BoundaryRecorder, PsiContext
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
+from horizonrl.config import ConfigError
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
-from horizonrl.train import checkpoint as ckpt
+from horizonrl.errors import CheckpointError
 from horizonrl.train.budget import BudgetedEngine
+from horizonrl.train.checks import check_run
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.rollout_log import reverse_stage_records, write_rollout_log
@@ -96,14 +98,15 @@ class ReverseTurnTrainer(GroupTrainer):
     """
 
     def __init__(self, cfg, *, resume: bool = False) -> None:
+        check_run(cfg)
         r = cfg.rollout
         if r.agent != "react":
-            raise ValueError(f"rollout.agent={r.agent!r}: reverse-turn training needs the 'react' agent")
+            raise ConfigError(f"rollout.agent={r.agent!r}: reverse-turn training needs the 'react' agent")
         probe = make_context(
             r.context, LoopLimits(r.max_turns, r.context_budget, r.overflow), r.context_params
         )
         if not (isinstance(probe, PsiContext) or type(probe) is AppendContext):
-            raise ValueError(
+            raise ConfigError(
                 f"rollout.context={r.context!r}: reverse-turn training needs a conditioning map that keeps "
                 "one agent session (append, identity, window, strip_think, turn_summary)"
             )
@@ -115,7 +118,7 @@ class ReverseTurnTrainer(GroupTrainer):
         env = self.make_env()
         try:
             if not env.can_fork:
-                raise ValueError(f"env.name={cfg.env.name!r} cannot fork (snapshot/restore); RTPO needs it")
+                raise ConfigError(f"env.name={cfg.env.name!r} cannot fork (snapshot/restore); RTPO needs it")
         finally:
             env.close()
         mode = cfg.algo.loss_agg_mode or "seq-mean-token-mean"
@@ -146,11 +149,11 @@ class ReverseTurnTrainer(GroupTrainer):
         }
         return st
 
-    def _restore(self, path) -> None:
-        super()._restore(path)
-        self._pending = ckpt.load_trainer_state(path).get("reverse")
+    def _restore(self, ck) -> None:
+        super()._restore(ck)
+        self._pending = ck.state.get("reverse")
         if self._pending is None:
-            raise ValueError(f"checkpoint {path} was not written by a reverse-turn trainer")
+            raise CheckpointError(f"checkpoint {ck.path} was not written by a reverse-turn trainer")
 
     # ------------------------------------------------------------------ engine and budget
 

@@ -13,6 +13,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from horizonrl.errors import ConfigError
+
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 # Modules that register trainers; imported on first use (they pull in torch and models).
 _MODULES = (
@@ -54,6 +56,6 @@ def make_trainer(cfg, *, resume: bool = False):
     _load()
     name = cfg.train.trainer
     if name not in _REGISTRY:
-        raise ValueError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
+        raise ConfigError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
     check_loggers(cfg.train.logger_names)  # a missing logger package fails before the model loads
     return _REGISTRY[name](cfg, resume=resume)

@@ -16,18 +16,27 @@ PPO's ``pi_old`` is the rollout's log-probs (``old_logprobs='rollout'``) or a
 no-grad recomputation under the training rows (``'recompute'``, verl's
 default), which matters when rows are not the sampled contexts (flat-history
 baselines) or when a second engine sampled them.
+
+A NaN or infinite loss or gradient norm in a mini-batch raises
+:class:`~horizonrl.errors.NonFiniteError` (``nonfinite='stop'``) or drops that
+optimizer step (``'skip'``, counted in ``train/skipped_batches``); parameters
+that are not finite after a step always raise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from horizonrl.errors import NonFiniteError
 from horizonrl.losses import aggregate, kl_penalty, policy_loss, token_coefficients
 from horizonrl.train.batching import collate, micro_batches, token_logprobs
+from horizonrl.train.checkpoint import check_finite
 from horizonrl.trajectory import Row
 
 
@@ -48,10 +57,13 @@ class UpdateSettings:
     logprob_clip: float | None = None
     policy_loss: str = "ppo"
     norm_tokens: int | None = None
+    nonfinite: str = "stop"
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in ("rollout", "recompute"):
             raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be 'rollout' or 'recompute'")
+        if self.nonfinite not in ("stop", "skip"):
+            raise ValueError(f"nonfinite={self.nonfinite!r}: must be 'stop' or 'skip'")
 
 
 def rollout_mini_batches(rows: Sequence[Row], n: int, generator: torch.Generator) -> list[list[int]]:
@@ -134,6 +146,7 @@ def ppo_update(
         counts[key] = counts.get(key, 0) + 1
 
     lr_before = optimizer.param_groups[0]["lr"]
+    skipped = 0
     before: dict[str, float] = {}
     if s.old_logprobs == "recompute":
         scored = score_rows(
@@ -191,8 +204,25 @@ def ppo_update(
                 gn = torch.linalg.vector_norm(
                     torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
                 )
+            if not (math.isfinite(totals["loss"]) and math.isfinite(float(gn))):
+                optimizer.zero_grad(set_to_none=True)
+                what = "loss" if not math.isfinite(totals["loss"]) else "gradient norm"
+                if s.nonfinite == "stop":
+                    raise NonFiniteError(
+                        f"non-finite {what} (loss {totals['loss']}, gradient norm {float(gn)}) in epoch "
+                        f"{epoch}, mini-batch {m}; no checkpoint was written. Lower optim.lr, or set "
+                        "optim.nonfinite=skip to skip such batches"
+                    )
+                skipped += 1
+                continue
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            try:
+                check_finite(model)
+            except NonFiniteError as e:
+                raise NonFiniteError(
+                    f"{e} after the optimizer step (epoch {epoch}, mini-batch {m}); lower optim.lr"
+                ) from None
             add("train/grad_norm", float(gn))
             for k, v in totals.items():
                 add(f"train/{k}", v)
@@ -200,9 +230,14 @@ def ppo_update(
                 add("train/ratio_geomean", float(torch.exp(torch.tensor(log_ratio_sum / n_tok))))
                 add("train/ratio_max_abs_log", max_abs_log)
     if scheduler is not None:
-        scheduler.step()
+        with warnings.catch_warnings():
+            if skipped:  # the schedule counts the step even when its mini-batches were skipped
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            scheduler.step()
     out = {k: sums[k] / counts[k] for k in sums} | before
     out["train/lr"] = lr_before
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
     out["train/rows"] = float(len(rows))
+    if s.nonfinite == "skip":
+        out["train/skipped_batches"] = float(skipped)
     return out
