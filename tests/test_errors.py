@@ -8,6 +8,7 @@ training. Each case runs the real CLI in process (errors are raised before any m
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from horizonrl.safe_yaml import load_yaml
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.metrics import read_metrics
-from horizonrl.trajectory import Rollout, Segment, Turn, write_jsonl
+from horizonrl.trajectory import Rollout, Segment, Turn, UnknownFieldWarning, write_jsonl
+from horizonrl.trajectory import read_jsonl as read_rollouts
 
 
 def _one_error_line(capsys, code: int) -> str:
@@ -39,7 +41,10 @@ def _one_error_line(capsys, code: int) -> str:
 @pytest.mark.parametrize(
     ("override", "expect"),
     [
-        ("train.trainer=nope", "train.trainer='nope': unknown trainer; known: ['group', 'rtpo', 'seeupo']"),
+        (
+            "train.trainer=nope",
+            "train.trainer='nope': unknown trainer; known: ['gateway', 'group', 'rtpo', 'seeupo']",
+        ),
         ("rollout.agent=nope", "rollout.agent='nope': unknown agent"),
         ("rollout.context=nope", "rollout.context='nope': unknown context manager"),
         ("algo.estimator=nope", "algo.estimator='nope': unknown estimator"),
@@ -279,7 +284,6 @@ def test_view_uses_the_rollouts_before_a_torn_last_line(capsys, tmp_path):
         (lambda d: _turn0(d).update(logprobs=[0.0]), "Turn has 2 response ids but 1 logprobs"),
         (lambda d: d.update(reward="high"), "reward: must be int or float, got 'high'"),
         (lambda d: d.update(success=1), "success: must be bool, got 1"),
-        (lambda d: d.update(colour="red"), "colour: unknown field"),
         (lambda d: d["segments"][0].update(kind="weird"), "Segment.kind='weird' is not one of"),
         (lambda d: d.update(segments={"a": 1}), "segments: must be list, got {'a': 1}"),
     ],
@@ -291,8 +295,27 @@ def test_a_wrong_typed_rollout_names_the_line_and_field(capsys, tmp_path, edit, 
     d = json.loads(lines[1])
     edit(d)
     path.write_text(lines[0] + "\n" + json.dumps(d) + "\n")
-    line = _one_error_line(capsys, main(["view", str(path)]))
-    assert f"r.jsonl:2: not a rollout record: {expect}" in line, line
+    # Loading for training refuses the file, naming file, line and field ...
+    with pytest.raises(DataError, match="r.jsonl:2: not a rollout record: " + re.escape(expect)):
+        list(read_rollouts(path))
+    # ... and the viewer shows the good record and reports the bad one by the same name.
+    assert main(["view", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("=== rollout") == 1 and f"r.jsonl:2: not a rollout record: {expect}" in err
+
+
+def test_an_unknown_rollout_field_is_ignored_with_a_warning(capsys, tmp_path):
+    path = tmp_path / "r.jsonl"
+    write_jsonl(path, _rollouts(1))
+    d = json.loads(path.read_text())
+    d["colour"] = "red"
+    path.write_text(json.dumps(d) + "\n")
+    with pytest.warns(UnknownFieldWarning, match=r"r.jsonl:1.*colour"):
+        (r,) = list(read_rollouts(path))
+    assert r.uid == d["uid"]
+    assert main(["view", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("=== rollout") == 1 and "colour" in err and "horizonrl: warning:" in err
 
 
 def _msg(role, content):

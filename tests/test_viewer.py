@@ -68,8 +68,15 @@ def test_truncated_last_line_and_unknown_field_are_reported_and_the_rest_kept(ru
     f = read_rollout_file(path)
     assert [r.uid for r in f.rollouts] == ["s1-0-0", "s1-0-1"]
     assert any(p.startswith(f"{path}:1: unknown field(s) ['from_the_future'] ignored") for p in f.problems)
-    assert any(p.startswith(f"{path}:2: not a JSON record skipped") for p in f.problems)
-    assert any(p.startswith(f"{path}:4: truncated record skipped") for p in f.problems)
+    assert any(p.startswith(f"{path}:2: not valid JSON") and p.endswith("skipped") for p in f.problems)
+    assert any(p.startswith(f"{path}:4: not valid JSON") and p.endswith("skipped") for p in f.problems)
+    # A torn last line (no newline: an interrupted write) is named as such.
+    path.write_text("\n".join([lines[0], lines[1], lines[1][:50]]))
+    torn = read_rollout_file(path)
+    assert len(torn.rollouts) == 2 and any(
+        f"{path}:3: the last line is incomplete" in p for p in torn.problems
+    )
+    path.write_text("\n".join([json.dumps(extra), "not json", lines[1], lines[1][:50]]) + "\n")
     assert main(["view", str(path)]) == 0
     cap = capsys.readouterr()
     assert cap.out.splitlines()[:4] == [
@@ -79,7 +86,7 @@ def test_truncated_last_line_and_unknown_field_are_reported_and_the_rest_kept(ru
         "[turn 0] observation: obs one",
     ]
     assert cap.out.count("=== rollout") == 2
-    assert "step_1.jsonl:4: truncated record" in cap.err and "from_the_future" in cap.err
+    assert "step_1.jsonl:4: not valid JSON" in cap.err and "from_the_future" in cap.err
     assert main(["view", str(path), "--index", "1"]) == 0
     assert capsys.readouterr().out.startswith("=== rollout s1-0-1 ")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,11 +131,18 @@ class Record:
 
 
 def read_jsonl(
-    path: str | Path, *, allow_nan: bool = False, torn_tail: str = "warn", what: str = "records"
+    path: str | Path,
+    *,
+    allow_nan: bool = False,
+    torn_tail: str = "warn",
+    what: str = "records",
+    on_bad: Callable[[str], None] | None = None,
 ) -> Iterator[Record]:
     """Every non-blank line of ``path`` as a :class:`Record` (module docstring for the rules).
 
-    ``what`` names the contents in messages (e.g. ``"demonstrations"``).
+    ``what`` names the contents in messages (e.g. ``"demonstrations"``). With ``on_bad``
+    (a viewer that shows what it can), a bad line is reported to it and skipped instead
+    of raising, and so is a torn last line instead of warning.
     """
     if torn_tail not in ("warn", "error"):
         raise ValueError(f"torn_tail={torn_tail!r}: must be 'warn' or 'error'")
@@ -150,23 +157,29 @@ def read_jsonl(
             torn = not raw.endswith(b"\n")
             try:
                 text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                if torn and torn_tail == "warn":
-                    _warn_torn(name, n, what)
-                    return
-                raise DataError(f"{name}:{n}: invalid UTF-8 at byte {e.start} of the line") from None
-            if not text.strip():
-                continue
-            try:
+                if not text.strip():
+                    continue
                 value = loads(text, allow_nan=allow_nan)
-            except ValueError as e:
+            except ValueError as e:  # UnicodeDecodeError is a ValueError too
                 if torn and torn_tail == "warn":
-                    _warn_torn(name, n, what)
+                    _warn_torn(name, n, what, on_bad)
                     return
-                msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-                raise DataError(f"{name}:{n}: not valid JSON ({msg})") from None
+                if isinstance(e, UnicodeDecodeError):
+                    bad = f"{name}:{n}: invalid UTF-8 at byte {e.start} of the line"
+                else:
+                    bad = (
+                        f"{name}:{n}: not valid JSON ({e.msg if isinstance(e, json.JSONDecodeError) else e})"
+                    )
+                if on_bad is None:
+                    raise DataError(bad) from None
+                on_bad(bad + "; skipped")
+                continue
             if not isinstance(value, dict):
-                raise DataError(f"{name}:{n}: expected a JSON object, got {type(value).__name__}")
+                bad = f"{name}:{n}: expected a JSON object, got {type(value).__name__}"
+                if on_bad is None:
+                    raise DataError(bad)
+                on_bad(bad + "; skipped")
+                continue
             yield Record(name, n, value)
 
 
@@ -201,10 +214,12 @@ def _last_newline(f, size: int, chunk: int = 1 << 16) -> int:
     return -1
 
 
-def _warn_torn(path: str, n: int, what: str) -> None:
-    warnings.warn(
+def _warn_torn(path: str, n: int, what: str, on_bad: Callable[[str], None] | None = None) -> None:
+    msg = (
         f"{path}:{n}: the last line is incomplete (no newline, not valid JSON: an interrupted write); "
-        f"skipped it and used the {what} before it",
-        HorizonWarning,
-        stacklevel=3,
+        f"skipped it and used the {what} before it"
     )
+    if on_bad is not None:
+        on_bad(msg)
+    else:
+        warnings.warn(msg, HorizonWarning, stacklevel=3)

@@ -76,9 +76,7 @@ def _check_fields(obj: Any, schema: dict, where: str) -> str | None:
     if not isinstance(obj, dict):
         return f"{where or 'record'}: must be an object, got {type(obj).__name__}"
     prefix = f"{where}." if where else ""
-    for key in obj:
-        if key not in schema:
-            return f"{prefix}{key}: unknown field; known: {sorted(schema)}"
+    # Unknown fields are not errors: rollout_from_dict ignores them with an UnknownFieldWarning.
     for key, (kind, required, none_ok) in schema.items():
         if key not in obj:
             if required:
@@ -121,12 +119,16 @@ def check_rollout_dict(d: Any) -> str | None:
 
 
 def rollout_from_record(rec: Record) -> Rollout:
-    """The rollout of one JSONL record; DataError naming the file, line and field otherwise."""
+    """The rollout of one JSONL record; DataError naming the file, line and field otherwise.
+
+    Unknown fields are ignored with an :class:`~horizonrl.trajectory.types.UnknownFieldWarning`
+    naming the file and line.
+    """
     why = check_rollout_dict(rec.value)
     if why is not None:
         raise DataError(f"{rec.where()}: not a rollout record: {why}")
     try:
-        return rollout_from_dict(rec.value)
+        return rollout_from_dict(rec.value, rec.where())
     except (ValueError, TypeError) as e:  # the dataclasses' own checks (span ranges, lengths, kinds)
         raise DataError(f"{rec.where()}: not a rollout record: {e}") from None
 

@@ -16,7 +16,6 @@ with its line number and skipped, an unknown field is reported and ignored.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import warnings
@@ -28,8 +27,11 @@ from typing import Any
 
 import yaml
 
+from horizonrl.errors import DataError
+from horizonrl.jsonl import read_jsonl
 from horizonrl.train.metrics import read_metrics
-from horizonrl.trajectory import Rollout, UnknownFieldWarning, rollout_from_dict
+from horizonrl.trajectory import Rollout, UnknownFieldWarning
+from horizonrl.trajectory.io import rollout_from_record
 
 STEP_FILE = re.compile(r"^(step|trunks|chains)_(\d+)\.jsonl$")
 
@@ -45,38 +47,24 @@ class RolloutFile:
 
 
 def read_rollout_file(path: str | Path) -> RolloutFile:
-    """Read ``path`` line by line, keeping every record that loads.
+    """Read ``path`` keeping every record that loads (the one JSONL reader, :mod:`horizonrl.jsonl`).
 
-    A line that is not JSON is reported as ``path:N: truncated record ...`` when it
-    is the last one (a write cut short) and ``path:N: not a JSON record`` otherwise;
-    a record that is not a rollout is reported and skipped; unknown fields are
-    reported (``path:N: unknown field(s) [...] ignored``) and the record kept.
+    A bad line (not JSON, not UTF-8, a torn last line) and a record that is not a rollout
+    are reported in ``problems`` and skipped; unknown fields are reported
+    (``path:N: unknown field(s) [...] ignored``) and the record kept.
     """
     path = Path(path)
     out = RolloutFile(path)
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    last = max((i for i, ln in enumerate(lines, 1) if ln.strip()), default=0)
-    for i, ln in enumerate(lines, 1):
-        if not ln.strip():
-            continue
-        try:
-            d = json.loads(ln)
-        except ValueError as e:
-            what = "truncated record" if i == last else "not a JSON record"
-            out.problems.append(f"{path}:{i}: {what} skipped ({e})")
-            continue
-        if not isinstance(d, dict):
-            out.problems.append(f"{path}:{i}: not a rollout record (a {type(d).__name__}) skipped")
-            continue
+    for rec in read_jsonl(path, allow_nan=True, what="rollouts", on_bad=out.problems.append):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnknownFieldWarning)
             try:
-                r = rollout_from_dict(d, f"{path}:{i}")
-            except (TypeError, ValueError, KeyError) as e:
-                out.problems.append(f"{path}:{i}: not a rollout record skipped ({e})")
+                r = rollout_from_record(rec)
+            except DataError as e:
+                out.problems.append(f"{e}; skipped")
                 continue
         out.problems.extend(str(w.message) for w in caught if issubclass(w.category, UnknownFieldWarning))
-        out.records.append(d)
+        out.records.append(rec.value)
         out.rollouts.append(r)
     return out
 
