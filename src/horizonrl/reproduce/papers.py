@@ -235,8 +235,8 @@ def mosaic() -> Paper:
             "rollout.group_size=8",
             "rollout.tasks_per_step=4",
             "optim.lr=1.0e-4",
-            "sft.demos=2000",
-            "sft.epochs=2",
+            "sft.demos=3000",
+            "sft.epochs=3",
         ),
         scenarios={
             # Mixed 2-3-hop tasks, a session limit that fits about two searches, at most two successful
@@ -378,9 +378,9 @@ def echo() -> Paper:
             "rollout.group_size=8",
             "rollout.tasks_per_step=4",
             "optim.lr=1.0e-4",
-            "sft.demos=2000",
+            "sft.demos=3000",
             "sft.noise=0.5",
-            "sft.epochs=2",
+            "sft.epochs=3",
         ),
         scenarios={
             "memory": (
