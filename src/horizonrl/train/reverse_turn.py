@@ -123,6 +123,7 @@ class ReverseTurnTrainer(GroupTrainer):
         self.shared_engine = cfg.rtpo.sync_every == 1
         if not self.shared_engine:  # a separate copy that only sees the weights at a sync
             rng = self.engine.rng_state()
+            self.engine.close()
             self.engine = self.make_engine(shared=False)
             self.engine.set_rng_state(rng)
             self.rollout_engine = BudgetedEngine(self.engine, self.budget)
@@ -141,7 +142,7 @@ class ReverseTurnTrainer(GroupTrainer):
             "sweep": self.sweep,
             "iteration": self.iteration,
             "versions": list(self._versions),
-            "engine_weights": None if self.shared_engine else self.engine.model.state_dict(),
+            "engine_weights": None if self.shared_engine else self.engine.state_dict(),
         }
         return st
 
@@ -155,7 +156,9 @@ class ReverseTurnTrainer(GroupTrainer):
 
     def sync_engine(self) -> None:
         """Push the current weights to the engine (they become ``theta_old`` of what it samples)."""
-        if not self.shared_engine:
+        if self.shared_engine:
+            self.engine.sync()  # no-op for hf; vllm pulls the weights if they changed
+        else:
             self.engine.sync(self.model.state_dict())
         self._versions[1] = self._versions[0]
 
@@ -261,6 +264,7 @@ class ReverseTurnTrainer(GroupTrainer):
             return {}
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         before = consistency_metrics(rows, self.scored(rows))
+        self.engine.sleep()
         m = ppo_update(
             self.model,
             self.optimizer,
