@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from horizonrl.inference import Engine, HFEngine, SamplingParams
 from horizonrl.inference.hf import _draw
-from horizonrl.inference.stops import StopWatcher
+from horizonrl.inference.stops import StopWatcher, first_stop
 
 VOCAB = 300
 TOL = 1e-4
@@ -307,6 +307,7 @@ def test_stop_watcher_incremental_utf8():
         got = next((k for k in range(1, len(ids) + 1) if watcher.push(ids[:k]) == stop), None)
         want = next((k for k in range(1, len(ids) + 1) if stop in hf.decode(ids[:k])), None)
         assert got == want, stop
+        assert first_stop(hf, ids, ("zzz", stop)) == (None if want is None else (want, stop))
 
 
 @pytest.mark.parametrize(("scale", "top_p"), [(2.0, 0.6), (0.3, 0.97)])
