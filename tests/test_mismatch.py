@@ -56,7 +56,7 @@ def test_bad_settings_name_the_field():
         UpdateSettings(loss_agg_mode="token-mean", tis_cap=2.0)  # needs old_logprobs='recompute'
     with pytest.raises(ConfigError, match=r"algo.tis_cap=2.0: needs algo.old_logprobs=recompute"):
         load_config(None, ["algo.tis_cap=2.0"])
-    with pytest.raises(ConfigError, match="algo.tis_mode"):
+    with pytest.raises(ConfigError, match=r"algo\.tis_mode"):
         load_config(None, ["algo.tis_mode=clip"])
     cfg = load_config(None, ["algo.tis_cap=2.0", "algo.old_logprobs=recompute", "algo.tis_level=sequence"])
     assert cfg.algo.tis_cap == 2.0
