@@ -37,7 +37,11 @@ with the semantics of the embedded :class:`~horizonrl.inference.hf.HFEngine`:
 - **Sleep/wake** (``sleep_level`` 1 or 2): :meth:`sleep` before the update frees
   the engine's GPU memory for a colocated trainer, the next ``sync``/``generate``
   wakes it (level 2 discards the weights, so waking re-sends them). On CPU vLLM
-  accepts the calls and frees nothing.
+  refuses ``enable_sleep_mode`` but accepts the calls and frees nothing.
+- **Processes:** :meth:`close` (also on garbage collection and at exit) stops
+  vLLM's engine-core and worker processes and unlinks their ``/dev/shm`` queues;
+  if this process is killed first, :mod:`~horizonrl.inference.vllm_reaper` (a
+  small process blocked on a pipe from this one) stops them and unlinks the queues.
 - **GPU:** CUDA graphs unless ``enforce_eager`` (default: eager on CPU only),
   ``dtype`` (default: the model's; ``bfloat16`` on GPU is the usual choice, but
   bf16 log-probs differ from a float32 trainer's by ~5e-3 per token, so a
@@ -323,7 +327,7 @@ class VLLMEngine(Engine):
             if kv_cache_memory_bytes is not None:
                 kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
             kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization or _GPU_MEMORY_UTILIZATION)
-        if sleep_level:
+        if sleep_level and not self.cpu:  # CPU: vLLM refuses sleep mode but accepts sleep() as a no-op
             kwargs["enable_sleep_mode"] = True
         kwargs.update(llm_kwargs)
         t = time.perf_counter()
