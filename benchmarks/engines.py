@@ -38,7 +38,7 @@ def _models(args, work: Path) -> list[tuple[str, Path]]:
     tiny = work / "tiny"
     if not (tiny / "config.json").exists():
         build_tiny(ModelConfig(tiny_pretrain_steps=20), tiny)  # the default tiny shape (hidden 128, 4 layers)
-    out = [("tiny", tiny)]
+    out = [("tiny", tiny)] if "tiny" in args.models else []
     if "smollm2" in args.models:
         try:
             smollm2_gguf_path()
@@ -129,7 +129,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-engines-"))
     load = os.getloadavg()
-    results = [bench_model(name, path, args) for name, path in _models(args, work) if name in args.models]
+    results = [bench_model(name, path, args) for name, path in _models(args, work)]
     summary = {"loadavg_start": load, "loadavg_end": os.getloadavg(), "cpus": os.cpu_count(), "runs": results}
     print(json.dumps(summary, indent=1))
     if args.out:

@@ -134,7 +134,13 @@ def test_eos_ids_end_generations_like_hf(engine, policy):
     model, tok = policy
     hf = HFEngine(model, tok)
     prompts = _prompts(3, len(tok), seed=5)
-    free = engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=20))
+    saved = engine.eos_ids
+    engine.eos_ids = frozenset()  # nothing stops a generation, not even the model's own eos
+    try:
+        free = engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=20))
+    finally:
+        engine.eos_ids = saved
+    assert all(len(g.ids) == 20 and g.finish_reason == "length" for g in free)
     eos = free[0].ids[5]  # pretend a token of the first continuation ends generations
     saved = engine.eos_ids, hf.eos_ids
     engine.eos_ids = hf.eos_ids = frozenset({eos})

@@ -142,3 +142,33 @@ def test_compaction_mosaic_with_recompute_and_tis(vllm_tiny_dir, tmp_path):
         assert m["train/tis_clipped_frac"] == 0.0
         assert abs(m["train/tis_weight_mean"] - 1) < RATIO_TOL
         assert m["rollout/sessions_mean"] >= 1 and m["ig/scored_contexts"] >= 0
+
+
+def test_rtpo_with_a_stale_engine_checkpoints_its_weights(vllm_tiny_dir, tmp_path):
+    """rtpo.sync_every=2: one engine that keeps its weights between syncs (shared=False), whose
+    weights a checkpoint between stages holds; freshly synced stages keep the ratio at 1."""
+    from horizonrl.train import checkpoint as ckpt
+    from horizonrl.train.rtpo_trainer import RTPOTrainer
+
+    cfg = _grpo(
+        vllm_tiny_dir,
+        tmp_path / "rtpo",
+        "train.trainer=rtpo",
+        "train.steps=1",
+        "train.save_every=1",
+        "rtpo.siblings=3",
+        "rtpo.sync_every=2",
+        "env.knobs={n_ops: 2, max_operand: 9}",
+    )
+    trainer = RTPOTrainer(cfg)
+    try:
+        assert trainer.engine._source is None  # a stale copy: only sync(state_dict) changes it
+        records = trainer.fit()
+        fresh = [r for r in records if r.get("rtpo/engine_fresh") and "train/ratio_geomean" in r]
+        assert fresh and all(abs(r["train/ratio_geomean"] - 1) < RATIO_TOL for r in fresh)
+        state = ckpt.load_trainer_state(ckpt.latest_checkpoint(trainer.ckpt_dir))
+        weights = state["reverse"]["engine_weights"]
+        for k, v in trainer.engine.state_dict().items():
+            assert torch.equal(weights[k], v), k
+    finally:
+        trainer.close()

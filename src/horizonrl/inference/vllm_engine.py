@@ -405,6 +405,7 @@ class VLLMEngine(Engine):
                 max_tokens=min(params.max_new_tokens, self.max_model_len - len(p)),
                 logprobs=0,
                 stop_token_ids=stop_ids,
+                ignore_eos=True,  # only ``eos_ids`` stop: vLLM would add the generation config's
                 seed=s,
                 detokenize=False,
                 skip_special_tokens=False,

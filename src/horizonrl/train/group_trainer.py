@@ -92,7 +92,7 @@ class GroupTrainer(Trainer):
         self.renderer = ChatRenderer(self.tokenizer)
         self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
         self.evals_done: list[float] = []
-        self.engine = self.make_engine(shared=True)
+        self.engine = self.make_engine(shared=self.shares_engine())
         #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
         self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
@@ -188,6 +188,10 @@ class GroupTrainer(Trainer):
         self.evals_done = list(st.get("evals_done", []))
 
     # ------------------------------------------------------------------ loop
+
+    def shares_engine(self) -> bool:
+        """Whether the engine follows the training weights (synced after every update)."""
+        return True
 
     def make_engine(self, *, shared: bool):
         """The configured rollout engine over the training model (``inference.engine``)."""

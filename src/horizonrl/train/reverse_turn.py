@@ -34,7 +34,6 @@ from horizonrl.agents.psi import Boundary, BoundaryRecorder, PsiContext
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
 from horizonrl.train import checkpoint as ckpt
-from horizonrl.train.budget import BudgetedEngine
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.update import consistency_metrics, ppo_update, score_rows
@@ -120,13 +119,7 @@ class ReverseTurnTrainer(GroupTrainer):
         mode = cfg.algo.loss_agg_mode or "seq-mean-token-mean"
         self.loss_agg_mode = mode
         self.update_settings = dataclasses.replace(self.update_settings, loss_agg_mode=mode)
-        self.shared_engine = cfg.rtpo.sync_every == 1
-        if not self.shared_engine:  # a separate copy that only sees the weights at a sync
-            rng = self.engine.rng_state()
-            self.engine.close()
-            self.engine = self.make_engine(shared=False)
-            self.engine.set_rng_state(rng)
-            self.rollout_engine = BudgetedEngine(self.engine, self.budget)
+        self.shared_engine = self.shares_engine()
         if self._pending is not None:
             p = self._pending
             self.sweep, self.iteration = p["sweep"], p["iteration"]
@@ -153,6 +146,10 @@ class ReverseTurnTrainer(GroupTrainer):
             raise ValueError(f"checkpoint {path} was not written by a reverse-turn trainer")
 
     # ------------------------------------------------------------------ engine and budget
+
+    def shares_engine(self) -> bool:
+        """``rtpo.sync_every > 1``: a separate copy that only sees the weights at a sync."""
+        return self.cfg.rtpo.sync_every == 1
 
     def sync_engine(self) -> None:
         """Push the current weights to the engine (they become ``theta_old`` of what it samples)."""
