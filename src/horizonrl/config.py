@@ -290,6 +290,26 @@ class AlgoConfig(_Section):
         "(losses.policy_loss); null = off (RTPO paper E.3: 10)",
         gt=0.0,
     )
+    tis_cap: float | None = opt(
+        None,
+        "rollout/train mismatch correction: cap C of the importance weight pi_old/pi_rollout (pi_old "
+        "recomputed by the training model, pi_rollout the engine's log-probs); each token's PPO loss is "
+        "weighted by min(ratio, C) (TIS) or dropped when the ratio exceeds C (MIS, tis_mode=mask); as "
+        "verl's rollout_is_threshold / TRL's vllm_importance_sampling_cap; needs "
+        "old_logprobs=recompute; null = off",
+        gt=1.0,
+    )
+    tis_level: str = opt(
+        "token",
+        "mismatch weight per 'token' or per 'sequence' (the product of a row's token ratios)",
+        choices=("token", "sequence"),
+    )
+    tis_mode: str = opt(
+        "truncate",
+        "'truncate' (TIS: min(ratio, C)) or 'mask' (MIS: tokens/rows over C leave the loss and its "
+        "normaliser)",
+        choices=("truncate", "mask"),
+    )
     train_context: str = opt(
         "exact",
         "what each turn is trained under: 'exact' (the context it was sampled from, Turn.prompt_ids) or "
@@ -297,6 +317,14 @@ class AlgoConfig(_Section):
         "paper Eq. 1-2)",
         choices=("exact", "flat"),
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tis_cap is not None and self.old_logprobs != "recompute":
+            raise ConfigError(
+                f"algo.tis_cap={self.tis_cap!r}: needs algo.old_logprobs=recompute (the weight is "
+                "pi_old/pi_rollout with pi_old recomputed by the training model)"
+            )
 
 
 @dataclass(frozen=True)

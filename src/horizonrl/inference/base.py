@@ -70,4 +70,11 @@ class Engine(ABC):
         """Log-prob of every continuation token given its context (teacher forcing, no grad)."""
 
     def sync(self, state_dict: Mapping | None = None) -> None:  # noqa: B027
-        """Load new policy weights (no-op for engines that share the training model)."""
+        """Load new policy weights: ``state_dict`` if given; ``None`` means "the training model
+        changed" (a no-op for engines that run it, a pull for engines that keep their own copy)."""
+
+    def sleep(self) -> None:  # noqa: B027
+        """Free accelerator memory until the next ``sync``/``generate`` (colocated training)."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release processes and files (the engine cannot be used afterwards)."""

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.stops import StopWatcher, as_id_set
 
 __all__ = ["HFEngine"]
 
@@ -40,11 +41,6 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
     finally:
         if was_training:
             model.train()
-
-
-def _as_id_set(value) -> set[int]:
-    """``None``, one id or several ids -> a set of ids."""
-    return set() if value is None else {int(value)} if isinstance(value, int) else {int(v) for v in value}
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device):
@@ -87,43 +83,6 @@ def _draw(weights: torch.Tensor, generator: torch.Generator, block: int = 1024) 
     return cols.gather(-1, pick).squeeze(-1)
 
 
-class _StopWatcher:
-    """Incremental detokenizer for one row: decodes only the newest tokens and looks for stop strings.
-
-    Keeps a small window of already-decoded tokens as context (as vLLM/TGI do) so that
-    byte-fallback pieces and leading-space tokens decode correctly; text ending in an
-    incomplete UTF-8 sequence is checked up to that point but only committed once complete.
-    """
-
-    def __init__(self, tokenizer, stops: Sequence[str]):
-        self.tok = tokenizer
-        self.stops = tuple(s for s in stops if s)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.text = ""
-        self.prefix, self.read = 0, 0  # start of the context window; ids before ``read`` are decoded
-
-    def push(self, ids: list[int]) -> str | None:
-        """``ids`` is the row's generated ids so far (newest last); return the matched stop string, if any."""
-        decode = functools.partial(self.tok.decode, skip_special_tokens=False)
-        prev = decode(ids[self.prefix : self.read]) if self.read > self.prefix else ""
-        full = decode(ids[self.prefix :])
-        delta = full[len(prev) :]
-        if delta.endswith("\ufffd"):  # incomplete character: check what is complete, commit nothing yet
-            delta = delta.rstrip("\ufffd")
-            text = self.text + delta
-        else:
-            self.prefix, self.read = self.read, len(ids)
-            self.text = text = self.text + delta
-        if not delta:
-            return None
-        window = text[-(len(delta) + self.longest - 1) :]
-        self.text = self.text[-self.longest :]  # only a stop string's length of history is ever needed
-        for stop in self.stops:
-            if stop in window:
-                return stop
-        return None
-
-
 class HFEngine(Engine):
     """Batched KV-cache sampler over a Hugging Face causal LM.
 
@@ -163,10 +122,10 @@ class HFEngine(Engine):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
-        eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
-        eos |= _as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
+        eos |= as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         #: Token ids that end a generation (tokenizer + generation config); public, may be replaced.
-        self.eos_ids = frozenset(eos or _as_id_set(getattr(model.config, "eos_token_id", None)))
+        self.eos_ids = frozenset(eos or as_id_set(getattr(model.config, "eos_token_id", None)))
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         params = inspect.signature(model.forward).parameters
@@ -299,7 +258,7 @@ class HFEngine(Engine):
         out_ids: list[list[int]] = [[] for _ in range(n)]
         reasons = ["length"] * n
         meta: list[dict] = [{} for _ in range(n)]
-        watchers = [_StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
+        watchers = [StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
         eos = frozenset() if params.ignore_eos else self.eos_ids
         rows = list(range(n))  # batch row -> prompt index
         live = [True] * n  # per batch row: still generating
@@ -401,3 +360,7 @@ class HFEngine(Engine):
         """Load ``state_dict`` into the engine's model (a separate copy); no-op when None (shared model)."""
         if state_dict is not None:
             self.model.load_state_dict(state_dict)
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]:
+        """The weights the engine samples from."""
+        return self.model.state_dict()

@@ -97,7 +97,7 @@ class GroupTrainer(Trainer):
         self.renderer = ChatRenderer(self.tokenizer)
         self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
         self.evals_done: list[float] = []
-        self.engine = self.make_engine(shared=True)
+        self.engine = self.make_engine(shared=self.shares_engine())
         #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
         self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
@@ -143,10 +143,14 @@ class GroupTrainer(Trainer):
             policy_loss=cfg.algo.policy_loss,
             norm_tokens=cfg.algo.loss_norm_tokens or cfg.rollout.max_new_tokens * cfg.rollout.max_turns,
             nonfinite=o.nonfinite,
+            tis_cap=cfg.algo.tis_cap,
+            tis_level=cfg.algo.tis_level,
+            tis_mode=cfg.algo.tis_mode,
         )
         resume_step = None
         if resume:
             self._restore(ckpt.load_latest(self.ckpt_dir))
+            self.engine.sync()  # an engine with its own weights (vllm) loads the restored ones
             resume_step = self.step
         save_config(cfg, self.run_dir / "config.yaml")
         self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
@@ -201,6 +205,10 @@ class GroupTrainer(Trainer):
 
     # ------------------------------------------------------------------ loop
 
+    def shares_engine(self) -> bool:
+        """Whether the engine follows the training weights (synced after every update)."""
+        return True
+
     def make_engine(self, *, shared: bool):
         """The configured rollout engine over the training model (``inference.engine``)."""
         return make_engine(
@@ -213,6 +221,10 @@ class GroupTrainer(Trainer):
             shared=shared,
             params=dict(self.cfg.inference.params),
         )
+
+    def close(self) -> None:
+        """Stop the engine's processes (vllm); the trainer cannot generate afterwards."""
+        self.engine.close()
 
     def make_env(self):
         return self.env_setup.make()
@@ -323,6 +335,7 @@ class GroupTrainer(Trainer):
         rows = self.training_rows(rollouts, advantages)
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         t2 = time.perf_counter()
+        self.engine.sleep()  # colocated engines free their accelerator memory (inference.params.sleep_level)
         metrics = ppo_update(
             self.model,
             self.optimizer,
@@ -334,7 +347,7 @@ class GroupTrainer(Trainer):
             pad_id=self.tokenizer.pad_token_id or 0,
             ref_model=self.ref_model,
         )
-        self.engine.sync()
+        self.engine.sync()  # the engine samples from the updated weights (in place for vllm)
         t3 = time.perf_counter()
         self.step += 1
         gen_tokens = sum(r.num_response_tokens for r in rollouts)

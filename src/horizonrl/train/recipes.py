@@ -153,17 +153,20 @@ def evaluate_model(
         agent_params=dict(r.agent_params),
         make_env=make_env,
     )
-    return evaluate(
-        engine,
-        renderer,
-        make_env,
-        tasks,
-        samples=samples if samples is not None else t.eval_samples,
-        params=params,
-        limits=limits,
-        agent=r.agent,
-        spec=spec,
-    )
+    try:
+        return evaluate(
+            engine,
+            renderer,
+            make_env,
+            tasks,
+            samples=samples if samples is not None else t.eval_samples,
+            params=params,
+            limits=limits,
+            agent=r.agent,
+            spec=spec,
+        )
+    finally:
+        engine.close()
 
 
 def _table(rows: list[tuple[str, dict[str, Any]]], k: int) -> str:

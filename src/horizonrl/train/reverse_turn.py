@@ -35,7 +35,6 @@ from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.config import ConfigError
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
 from horizonrl.errors import CheckpointError
-from horizonrl.train.budget import BudgetedEngine
 from horizonrl.train.checks import check_run
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
@@ -124,12 +123,7 @@ class ReverseTurnTrainer(GroupTrainer):
         mode = cfg.algo.loss_agg_mode or "seq-mean-token-mean"
         self.loss_agg_mode = mode
         self.update_settings = dataclasses.replace(self.update_settings, loss_agg_mode=mode)
-        self.shared_engine = cfg.rtpo.sync_every == 1
-        if not self.shared_engine:  # a separate copy that only sees the weights at a sync
-            rng = self.engine.rng_state()
-            self.engine = self.make_engine(shared=False)
-            self.engine.set_rng_state(rng)
-            self.rollout_engine = BudgetedEngine(self.engine, self.budget)
+        self.shared_engine = self.shares_engine()
         if self._pending is not None:
             p = self._pending
             self.sweep, self.iteration = p["sweep"], p["iteration"]
@@ -145,7 +139,7 @@ class ReverseTurnTrainer(GroupTrainer):
             "sweep": self.sweep,
             "iteration": self.iteration,
             "versions": list(self._versions),
-            "engine_weights": None if self.shared_engine else self.engine.model.state_dict(),
+            "engine_weights": None if self.shared_engine else self.engine.state_dict(),
         }
         return st
 
@@ -157,9 +151,15 @@ class ReverseTurnTrainer(GroupTrainer):
 
     # ------------------------------------------------------------------ engine and budget
 
+    def shares_engine(self) -> bool:
+        """``rtpo.sync_every > 1``: a separate copy that only sees the weights at a sync."""
+        return self.cfg.rtpo.sync_every == 1
+
     def sync_engine(self) -> None:
         """Push the current weights to the engine (they become ``theta_old`` of what it samples)."""
-        if not self.shared_engine:
+        if self.shared_engine:
+            self.engine.sync()  # no-op for hf; vllm pulls the weights if they changed
+        else:
             self.engine.sync(self.model.state_dict())
         self._versions[1] = self._versions[0]
 
@@ -265,6 +265,7 @@ class ReverseTurnTrainer(GroupTrainer):
             return {}
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         before = consistency_metrics(rows, self.scored(rows))
+        self.engine.sleep()
         m = ppo_update(
             self.model,
             self.optimizer,
