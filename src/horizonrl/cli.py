@@ -76,7 +76,9 @@ def _cmd_demos(args) -> int:
 def _cmd_quickstart(args) -> int:
     from horizonrl.train.recipes import quickstart
 
-    quickstart(out_dir=args.out, overrides=args.overrides)
+    res = quickstart(out_dir=args.out, overrides=args.overrides)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 
@@ -364,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("quickstart", help="tiny model: SFT warm start, GRPO, before/after table")
     sp.add_argument("--out", default="runs/quickstart")
+    sp.add_argument("--json", default=None, help="also write the before/after metrics to this JSON file")
     sp.add_argument("overrides", nargs="*", help="section.field=value overrides of the quickstart config")
     sp.set_defaults(fn=_cmd_quickstart)
 
