@@ -111,3 +111,28 @@ def test_turn_temperature_is_used_when_log_probs_are_recomputed(tiny_model_dir):
     with torch.no_grad():
         lp1 = token_logprobs(model, wrong)[0][wrong.mask[0].bool()]
     assert (lp1 - torch.tensor(turns[0].logprobs)).abs().max() > 1e-2
+
+
+def test_fork_children_get_their_own_h_plus_when_asked(tiny_model_dir):
+    from test_mosaic_agents import _forker
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    shared, *_ = _run(
+        tok, _forker(2), agent="fork", context="append", aparams={"prompts": "short"}, budget=1400
+    )
+    own, *_ = _run(
+        tok,
+        _forker(2),
+        agent="fork",
+        context="append",
+        aparams={"prompts": "short", "child_h_plus": "own"},
+        budget=1400,
+    )
+    kids = [[s for s in r.segments if s.kind == "subagent"] for r in (shared, own)]
+    assert len(kids[0]) == len(kids[1]) == 2
+    # B.1 literally: siblings of one call share (h-, h+); with "own" each h+ holds only its own result.
+    assert kids[0][0].info["h_plus"] == kids[0][1].info["h_plus"]
+    assert kids[1][0].info["h_plus"] != kids[1][1].info["h_plus"]
+    assert all(k.info["h_minus"] == kids[1][0].info["h_minus"] for k in kids[1])
+    for k in kids[1]:  # a prefix of the shared one up to the results, then fewer result tokens
+        assert len(k.info["h_plus"]) < len(kids[0][0].info["h_plus"])

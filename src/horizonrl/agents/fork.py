@@ -158,6 +158,7 @@ class ForkHandler:
         child_context: str,
         ctx_params,
         subagent_prompt: str = SUBAGENT_PROMPT,
+        child_h_plus: str = "shared",
     ):
         if spec.make_env is None:
             raise ValueError("the fork agent needs AgentSpec.make_env to build subagent environments")
@@ -167,6 +168,7 @@ class ForkHandler:
         self.child_context = child_context
         self.ctx_params = ctx_params
         self.subagent_prompt = subagent_prompt
+        self.child_h_plus = child_h_plus
 
     def __call__(self, ep: Episode, gen: Generation) -> SubProgram:
         if parse_answer(gen.text) is not None:
@@ -201,16 +203,24 @@ class ForkHandler:
         metrics = ep.rollout.env.setdefault("metrics", {})
         metrics["forks"] = float(forks + 1)
         metrics["subagents"] = metrics.get("subagents", 0.0) + len(tasks)
-        obs = format_results([(status, t, text) for (status, text), t in zip(results, tasks, strict=True)])
+        entries = [(status, t, text) for (status, text), t in zip(results, tasks, strict=True)]
+        obs = format_results(entries)
         result = StepResult(obs, role="tool", tool_calls=1, obs_key=ep.env.state_key())
-        h_plus = (
-            h_minus
-            + list(gen.ids)
-            + list(ep.renderer.end_of_turn_ids(gen.ids))
-            + list(ep.renderer.continuation_ids([{"role": "tool", "content": obs}]))
-        )
-        for _, seg in children:
-            seg.info.update(h_minus=h_minus, h_plus=h_plus)
+
+        def after(text: str) -> list[int]:  # the main context once ``text`` returns as the tool response
+            return (
+                h_minus
+                + list(gen.ids)
+                + list(ep.renderer.end_of_turn_ids(gen.ids))
+                + list(ep.renderer.continuation_ids([{"role": "tool", "content": text}]))
+            )
+
+        h_plus = after(obs)
+        for k, (_, seg) in enumerate(children):
+            # B.1 literally: every child of one call shares h+ (the main context after all results).
+            # child_h_plus="own": main context + only this child's result, so siblings can differ.
+            own = self.child_h_plus == "own" and len(children) > 1
+            seg.info.update(h_minus=h_minus, h_plus=after(format_results([entries[k]])) if own else h_plus)
         return result
 
     def _refuse(self, ep: Episode, message: str) -> StepResult:
@@ -254,15 +264,21 @@ def fork_agent(
     max_subagents: int = 3,
     max_forks: int = 10,
     prompts: str = "paper",
+    child_h_plus: str = "shared",
 ) -> Program:
     """Main agent with the ``fork`` tool (module docstring).
 
     ``agent_params``: ``max_subagents`` (3), ``max_forks`` (10), ``prompts``: ``paper``
     (the delegation and subagent prompts verbatim) or ``short`` (one-line versions
-    for small context budgets such as the embedded tiny model).
+    for small context budgets such as the embedded tiny model), ``child_h_plus``:
+    ``shared`` (paper B.1: every child of a call gets the main context after all its
+    results as h+, so siblings get identical information gains) or ``own`` (the main
+    context after only that child's result line: a junk child and a correct one differ).
     """
     if prompts not in ("paper", "short"):
         raise ValueError(f"fork: prompts={prompts!r} must be 'paper' or 'short'")
+    if child_h_plus not in ("shared", "own"):
+        raise ValueError(f"fork: child_h_plus={child_h_plus!r} must be 'shared' or 'own'")
     if not 1 <= max_subagents <= 3:
         raise ValueError(f"fork: max_subagents={max_subagents!r} must be in [1, 3] (paper C.2)")
     if max_forks < 0:
@@ -291,6 +307,7 @@ def fork_agent(
         child_context=context,
         ctx_params=ctx_params,
         subagent_prompt=SUBAGENT_PROMPT if prompts == "paper" else SHORT_SUBAGENT_PROMPT,
+        child_h_plus=child_h_plus,
     )
     main_expert = getattr(env, "delegation_expert", None)
     if main_expert is not None:
