@@ -205,6 +205,22 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def _server_kwargs(args) -> dict:
+    """The engine and server settings ``serve`` and ``gateway`` share (their common flags)."""
+    return {
+        "model_name": args.model_name,
+        "device": args.device,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "max_batch_size": args.max_batch_size,
+        "default_max_tokens": args.max_tokens,
+        "max_request_tokens": args.max_request_tokens,
+        "slice_tokens": args.slice_tokens,
+        "cache_dir": args.cache_dir,
+        "log_level": args.log_level,
+    }
+
+
 def _cmd_serve(args) -> int:
     try:
         from horizonrl.serve import serve
@@ -215,21 +231,7 @@ def _cmd_serve(args) -> int:
     if error:
         print(f"horizonrl: error: {error}", file=sys.stderr)
         return 2
-    serve(
-        args.model,
-        args.host,
-        args.port,
-        model_name=args.model_name,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_batch_size=args.max_batch_size,
-        default_max_tokens=args.max_tokens,
-        max_request_tokens=args.max_request_tokens,
-        slice_tokens=args.slice_tokens,
-        cache_dir=args.cache_dir,
-        log_level=args.log_level,
-    )
+    serve(args.model, args.host, args.port, **_server_kwargs(args))
     return 0
 
 
@@ -260,22 +262,7 @@ def _cmd_gateway(args) -> int:
     if error:
         print(f"horizonrl: error: {error}", file=sys.stderr)
         return 2
-    serve_gateway(
-        args.model,
-        args.host,
-        args.port,
-        out_dir=args.out,
-        model_name=args.model_name,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_batch_size=args.max_batch_size,
-        default_max_tokens=args.max_tokens,
-        max_request_tokens=args.max_request_tokens,
-        slice_tokens=args.slice_tokens,
-        cache_dir=args.cache_dir,
-        log_level=args.log_level,
-    )
+    serve_gateway(args.model, args.host, args.port, out_dir=args.out, **_server_kwargs(args))
     return 0
 
 

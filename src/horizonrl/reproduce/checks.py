@@ -28,33 +28,12 @@ def expert_groups(
     cfg: RunConfig, *, n_tasks: int = 32, group_size: int | None = None, seed: int = 0
 ) -> list[Group]:
     """``group_size`` expert rollouts (noise ``sft.noise``) of ``n_tasks`` training tasks, ``cfg``'s agent."""
-    from horizonrl.agents import AgentSpec, LoopLimits
-    from horizonrl.agents.expert import ExpertEngine
-    from horizonrl.inference import SamplingParams
     from horizonrl.models import ChatRenderer, load_model_and_tokenizer
-    from horizonrl.train.collect import collect_groups
-    from horizonrl.train.env_setup import env_setup
+    from horizonrl.train.recipes import expert_groups as run_expert
 
-    setup = env_setup(cfg.env)
-    tasks = setup.tasks(n_tasks, seed=cfg.env.seed, split="train")
-    tok_dir = _tokenizer_dir(cfg)
-    _, tok = load_model_and_tokenizer(tok_dir)
-    renderer = ChatRenderer(tok)
-    r = cfg.rollout
-    params = SamplingParams(max_new_tokens=r.max_new_tokens)
-    limits = LoopLimits(max_turns=r.max_turns, context_budget=r.context_budget, overflow=r.overflow)
-    spec = AgentSpec(
-        renderer=renderer,
-        params=params,
-        limits=limits,
-        context=r.context,
-        context_params=dict(r.context_params),
-        agent_params=dict(r.agent_params),
-        make_env=setup.make,
-    )
-    engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=seed, noise=cfg.sft.noise)
-    g = group_size or r.group_size
-    return collect_groups(engine, renderer, spec.make_env, tasks, g, params, limits, agent=r.agent, spec=spec)
+    _, tok = load_model_and_tokenizer(_tokenizer_dir(cfg))
+    g = group_size or cfg.rollout.group_size
+    return run_expert(cfg, ChatRenderer(tok), tok, n_tasks=n_tasks, group_size=g, seed=seed)
 
 
 def _tokenizer_dir(cfg: RunConfig):

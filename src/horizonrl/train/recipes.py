@@ -65,21 +65,15 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     return out
 
 
-def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
-    """SFT rows from expert rollouts of the configured agent program (:mod:`horizonrl.agents.expert`).
-
-    Multi-session protocols (compaction summaries, fork calls, subagent sessions)
-    are recorded exactly as the policy will see them; every generated token is
-    trainable. ``sft.demos`` rollouts, one per training task.
-    """
-    from horizonrl.agents import AgentSpec, LoopLimits
+def expert_groups(cfg: RunConfig, renderer, tok, *, n_tasks: int, group_size: int, seed: int, run_dir=None):
+    """``group_size`` rollouts of ``n_tasks`` training tasks by the configured agent program driven by
+    the scripted expert at ``sft.noise`` (:class:`~horizonrl.agents.expert.ExpertEngine`): warm-start
+    demonstrations of any protocol, and the regime checks of :mod:`horizonrl.reproduce.checks`."""
     from horizonrl.agents.expert import ExpertEngine
-    from horizonrl.inference import SamplingParams
     from horizonrl.train.collect import collect_groups
-    from horizonrl.trajectory import build_rows
 
-    setup = env_setup(cfg.env, run_dir=cfg.sft.out_dir)
-    tasks = setup.tasks(cfg.sft.demos, seed=cfg.env.seed, split="train")
+    setup = env_setup(cfg.env, run_dir=run_dir)
+    tasks = setup.tasks(n_tasks, seed=cfg.env.seed, split="train")
     r = cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens)
     limits = LoopLimits(max_turns=r.max_turns, context_budget=r.context_budget, overflow=r.overflow)
@@ -92,9 +86,23 @@ def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
         agent_params=dict(r.agent_params),
         make_env=setup.make,
     )
-    engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=cfg.train.seed, noise=cfg.sft.noise)
-    groups = collect_groups(
-        engine, renderer, spec.make_env, tasks, 1, params, limits, agent=r.agent, spec=spec
+    engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=seed, noise=cfg.sft.noise)
+    return collect_groups(
+        engine, renderer, spec.make_env, tasks, group_size, params, limits, agent=r.agent, spec=spec
+    )
+
+
+def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
+    """SFT rows from expert rollouts of the configured agent program (:func:`expert_groups`).
+
+    Multi-session protocols (compaction summaries, fork calls, subagent sessions)
+    are recorded exactly as the policy will see them; every generated token is
+    trainable. ``sft.demos`` rollouts, one per training task.
+    """
+    from horizonrl.trajectory import build_rows
+
+    groups = expert_groups(
+        cfg, renderer, tok, n_tasks=cfg.sft.demos, group_size=1, seed=cfg.train.seed, run_dir=cfg.sft.out_dir
     )
     return build_rows([ro for g in groups for ro in g.rollouts])
 
