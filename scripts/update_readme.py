@@ -1,23 +1,27 @@
 """Regenerate the generated parts of README.md from the code and from a real run.
 
-    python scripts/update_readme.py                      # config reference only
+    python scripts/update_readme.py                      # config reference + results summary
     python scripts/update_readme.py --quickstart LOG     # also the quickstart output, from a run's log
 
 ``LOG`` is the stdout of ``horizonrl quickstart`` (``make quickstart | tee LOG``); the
 block between the ``quickstart-output`` markers is replaced by its table part, so the
 README shows exactly what a run printed. The config reference is ``horizonrl
-config-reference``; ``tests/test_config.py`` checks it is current.
+config-reference``; ``tests/test_config.py`` checks it is current. The results summary is
+built from ``docs/results/*.json`` (written by ``horizonrl reproduce NAME``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
 from horizonrl.config import describe
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAPERS = ("rtpo", "ccpo", "mosaic", "echo")
 
 
 def replace_block(text: str, name: str, body: str) -> str:
@@ -35,12 +39,35 @@ def quickstart_block(log: str) -> str:
     return "```\n" + "\n".join(keep).strip("\n") + "\n```\n"
 
 
+def results_block() -> str:
+    """One row per reported comparison of every reproduction page that exists."""
+    lines = [
+        "| paper | comparison | claim | Δ end pass@1, mean [95% t-CI over seeds] | seeds | reading |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in PAPERS:
+        path = ROOT / "docs" / "results" / f"{name}.json"
+        if not path.exists():
+            lines.append(f"| {name} | – | – | not run yet | – | – |")
+            continue
+        res = json.loads(path.read_text())
+        for c in res["comparisons"]:
+            t = c["t"]
+            ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"
+            link = f"[{name}](docs/results/{name}.md)"
+            pair = f"`{c['arm']}` − `{c['baseline']}`"
+            lines.append(f"| {link} | {pair} | {c['claim']} | {ci} | {t['n']} | {c['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quickstart", default=None, help="log of a `horizonrl quickstart` run")
     args = ap.parse_args()
     text = README.read_text()
     text = replace_block(text, "config-reference", describe())
+    if "<!-- results-summary -->" in text:
+        text = replace_block(text, "results-summary", results_block())
     if args.quickstart:
         text = replace_block(text, "quickstart-output", quickstart_block(Path(args.quickstart).read_text()))
     README.write_text(text)
