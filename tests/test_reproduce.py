@@ -112,3 +112,31 @@ def test_gate_refuses_with_the_measured_value_and_the_knob(tmp_path):
     paper = _paper(gate=(0.99, 1.0), arms=(Arm("grpo"),), comparisons=())
     with pytest.raises(GateError, match=r"warm-start pass@1 .* outside the gate \[0.99, 1.0\].*sft.noise"):
         reproduce(paper, Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None), results_dir=None)
+
+
+def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
+    calls = []
+
+    def checks(cfg):
+        calls.append(cfg.rollout.max_turns)
+        return [{"name": "turns", "value": cfg.rollout.max_turns, "target": "report", "ok": True}]
+
+    paper = _paper(
+        arms=(Arm("a", scenario="short"), Arm("b", ("algo.estimator=rloo",), scenario="long")),
+        comparisons=(Comparison("b", "a", "b > a"),),
+        scenarios={"short": ("rollout.max_turns=1",), "long": ("rollout.max_turns=2",)},
+        checks=checks,
+        budget_tokens=120,
+        seeds=1,
+    )
+    res = reproduce(paper, Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None), results_dir=None)
+    root = tmp_path / "runs" / "mini"
+    assert (root / "warmstart_short" / "sft" / "config.json").exists()
+    assert (root / "warmstart_long" / "sft" / "config.json").exists()
+    assert sorted(calls) == [1, 2] and set(res["warm_starts"]) == {"short", "long"}
+    assert {c["scenario"] for c in res["checks"]} == {"short", "long"}
+    # Each arm trained from its own scenario's warm start, with its scenario's overrides.
+    for arm, turns in (("a", 1), ("b", 2)):
+        cfg = json.loads((root / arm / "seed_0" / "result.json").read_text())["config"]
+        assert cfg["rollout"]["max_turns"] == turns
+        assert cfg["train"]["init"].endswith("warmstart_short/sft" if arm == "a" else "warmstart_long/sft")
