@@ -67,6 +67,9 @@ class Env(ABC):
 
     name: ClassVar[str] = "env"
     system_prompt: ClassVar[str] = "You are a helpful agent. Use the tools, then give the final answer."
+    #: State outside the Python object (processes, indexes, files): with ``distributed.backend=ray``
+    #: such environments run in environment-worker actors (:mod:`horizonrl.envs.remote`).
+    external_state: ClassVar[bool] = False
 
     def __init__(self, **knobs: Any) -> None:
         self.knobs = knobs

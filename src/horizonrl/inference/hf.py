@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.seeding import request_uniforms
 
 __all__ = ["HFEngine"]
 
@@ -60,13 +61,18 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device):
     return ids.to(device), mask.to(device), pos.to(device)
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator, block: int = 1024) -> torch.Tensor:
+def _draw(
+    weights: torch.Tensor,
+    generator: torch.Generator | None,
+    block: int = 1024,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One index per row with probability proportional to ``weights`` (non-negative, positive row sums).
 
     Two-level inverse-CDF sampling: pick a block of ``block`` columns from the block sums, then a
-    column inside it. Needs one uniform per row and one pass over the weights, which on CPU is
-    ~30x faster than ``torch.multinomial``; the cumulative sums are in float64 so rare tokens keep
-    their probability.
+    column inside it. Needs one uniform per row (``uniforms`` ``[rows, 1]`` in ``[0, 1)``, else
+    drawn from ``generator``) and one pass over the weights, which on CPU is ~30x faster than
+    ``torch.multinomial``; the cumulative sums are in float64 so rare tokens keep their probability.
     """
     rows, vocab = weights.shape
     dtype = torch.float32 if weights.device.type == "mps" else torch.float64
@@ -75,7 +81,9 @@ def _draw(weights: torch.Tensor, generator: torch.Generator, block: int = 1024) 
     if full < vocab:
         sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], dim=-1)
     cdf = sums.to(dtype).cumsum(-1)
-    u = torch.rand((rows, 1), generator=generator, dtype=dtype, device=weights.device) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand((rows, 1), generator=generator, dtype=dtype, device=weights.device)
+    u = uniforms.to(dtype) * cdf[:, -1:]
     # side="right" never lands on a zero-weight entry; the clamp guards rounding at the very end.
     blk = torch.searchsorted(cdf, u, right=True)
     blk = torch.minimum(blk, (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
@@ -196,8 +204,14 @@ class HFEngine(Engine):
         except TypeError:  # older transformers
             return DynamicCache()
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one token per row; return ``(tokens, logprobs)`` under the temperature-scaled distribution."""
+    def _sample(
+        self, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw one token per row; return ``(tokens, logprobs)`` under the temperature-scaled distribution.
+
+        ``uniforms`` (``[rows, 1]``) are the rows' draws under request seeding; None draws from the
+        engine's generator.
+        """
         x = logits.float()
         if params.greedy:
             tokens = x.argmax(dim=-1)
@@ -208,34 +222,44 @@ class HFEngine(Engine):
         weights = (x - peak).exp_()  # unnormalised probabilities, max 1
         total = weights.sum(dim=-1, keepdim=True)
         if params.top_p < 1:
-            tokens = self._draw_nucleus(weights, total, params.top_p)
+            tokens = self._draw_nucleus(weights, total, params.top_p, uniforms)
         else:
-            tokens = _draw(weights, self._generator)
+            tokens = _draw(weights, self._generator, uniforms=uniforms)
         return tokens, (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
 
-    def _draw_nucleus(self, weights: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
+    def _draw_nucleus(
+        self, weights: torch.Tensor, total: torch.Tensor, top_p: float, uniforms: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Sample within the nucleus: tokens whose higher-ranked mass is < top_p (the first always)."""
 
-        def pick(vals, idx, budget):  # vals sorted descending, idx their token ids
+        def pick(vals, idx, budget, u):  # vals sorted descending, idx their token ids
             before = vals.double().cumsum(-1) - vals
-            choice = _draw(vals.masked_fill(before >= budget, 0.0), self._generator)
+            choice = _draw(vals.masked_fill(before >= budget, 0.0), self._generator, uniforms=u)
             return idx.gather(-1, choice[:, None]).squeeze(-1), before[:, -1] + vals[:, -1] >= budget[:, 0]
 
         # A partial top-k is much cheaper than a sort; only rows whose nucleus is wider get sorted.
         budget = top_p * total.double()
-        tokens, covered = pick(*weights.topk(min(weights.shape[-1], 256), dim=-1), budget)
+        tokens, covered = pick(*weights.topk(min(weights.shape[-1], 256), dim=-1), budget, uniforms)
         if not bool(covered.all()):
-            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered])[0]
+            rest = None if uniforms is None else uniforms[~covered]
+            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered], rest)[0]
         return tokens
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
         """Sample one continuation per prompt (log-probs as in the module docstring).
 
         A generation ends after an eos id (kept in ``ids``), after the token that completes a stop
         string (kept; ``text`` is the decode of ``ids`` without special tokens), or after
         ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos id or stop string.
+        With ``seeds`` (one int per prompt) token ``t`` of prompt ``i`` is drawn with
+        ``request_uniforms(seeds[i], t)`` instead of the engine generator, so the result does not
+        depend on the batch (:mod:`horizonrl.inference.seeding`).
         """
         prompts = [list(p) for p in prompts]
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"HFEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
         if any(not p for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
@@ -246,12 +270,17 @@ class HFEngine(Engine):
         with _eval_mode(self.model):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
-                gens = self._generate_chunk([prompts[i] for i in chunk], params)
+                chunk_seeds = None if seeds is None else [int(seeds[i]) for i in chunk]
+                gens = self._generate_chunk([prompts[i] for i in chunk], params, chunk_seeds)
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> list[Generation]:
         n = len(prompts)
+        seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
+        udtype = torch.float32 if self.device.type == "mps" else torch.float64
         ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
         cache = self._new_cache()
         logits = self._forward(ids, mask, pos, cache, keep=1)[:, -1]
@@ -266,7 +295,11 @@ class HFEngine(Engine):
         steps: list[tuple[list[int], torch.Tensor]] = []  # (rows, logprobs) per step, fetched at the end
         ones = torch.ones((n, 1), dtype=mask.dtype, device=self.device)
         for step in range(params.max_new_tokens):
-            tokens, logprobs = self._sample(logits, params)
+            u = None
+            if seed_arr is not None and not params.greedy:
+                u = torch.from_numpy(request_uniforms(seed_arr[rows], step)[:, None])
+                u = u.to(device=self.device, dtype=udtype)
+            tokens, logprobs = self._sample(logits, params, u)
             steps.append((rows, logprobs))
             for r, tok in enumerate(tokens.tolist()):
                 if not live[r]:

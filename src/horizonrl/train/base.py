@@ -42,6 +42,10 @@ class Trainer:
     def save(self):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the run holds (called at the end of :meth:`fit`; the logger by default)."""
+        self.logger.close()
+
     def progress(self) -> float:
         """Fraction of the run done (steps, or generated tokens when a token budget is set)."""
         steps = self.cfg.train.steps
@@ -96,5 +100,5 @@ class Trainer:
                 self.save()
         if bar is not None:
             bar.close()
-        self.logger.close()
+        self.close()
         return records

@@ -57,16 +57,27 @@ def save_checkpoint(
     tokenizer,
     state: dict[str, Any],
     keep: int = 2,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    staged: bool = False,
 ) -> Path:
-    """Write ``root/step_{step}`` atomically, point ``root/latest`` at it, prune old ones."""
+    """Write ``root/step_{step}`` atomically, point ``root/latest`` at it, prune old ones.
+
+    ``state_dict``: the weights to export (default: the model's own; a sharded model passes its
+    gathered full weights). ``staged``: the temporary directory already holds files written by
+    other ranks (``torch.distributed.checkpoint`` shards) and is kept.
+    """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = root / f".step_{step}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
+    if not staged:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    if state_dict is None:
+        model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save({"step": step, **state}, tmp / "trainer_state.pt")

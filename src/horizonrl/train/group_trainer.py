@@ -32,19 +32,21 @@ from horizonrl.agents.psi import flat_view
 from horizonrl.agents.registry import AgentSpec, check_agent_params
 from horizonrl.config import RunConfig, save_config
 from horizonrl.envs import get_env
-from horizonrl.inference import SamplingParams, make_engine
+from horizonrl.inference import SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train import hidden, info_gain  # noqa: F401  (register the feature providers)
 from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.distributed import NullLogger, init_world
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.env_knobs import resolve_knobs
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
+from horizonrl.train.workers import close_quietly, make_env_pool, make_rollout_engine
 from horizonrl.trajectory import build_rows, write_jsonl
 
 NONDETERMINISTIC_KEYS = ("time/", "throughput/")
@@ -73,6 +75,11 @@ class GroupTrainer(Trainer):
         self.ckpt_dir = self.run_dir / "checkpoints"
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
+        #: The torchrun group (None in one process): see train/distributed.py.
+        self.world = init_world(cfg.distributed, self.device)
+        self.is_main = self.world is None or self.world.is_main
+        if self.world is not None:
+            self.device = self.world.device
 
         self.estimator = credit.get_estimator(cfg.algo.estimator)
         self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
@@ -92,12 +99,15 @@ class GroupTrainer(Trainer):
         self.renderer = ChatRenderer(self.tokenizer)
         self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
         self.evals_done: list[float] = []
+        self.env_pool = make_env_pool(cfg, self.env_cls, knobs)  # None: environments in this process
         self.engine = self.make_engine(shared=True)
         #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
         self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
         if cfg.algo.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        #: What the update runs through: the model, DDP around it, or the model sharded in place (FSDP2).
+        self.train_model = self.world.wrap(self.model) if self.world is not None else self.model
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
@@ -143,8 +153,13 @@ class GroupTrainer(Trainer):
                 raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
             self._restore(path)
             resume_step = self.step
-        save_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step)
+        if self.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+            self.logger = MetricsLogger(
+                self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step
+            )
+        else:
+            self.logger = NullLogger()
 
     # ------------------------------------------------------------------ state
 
@@ -161,6 +176,21 @@ class GroupTrainer(Trainer):
         }
 
     def save(self) -> Path:
+        if self.world is not None:
+            from horizonrl.train import distributed
+
+            state = self._state()
+            state.pop("optimizer")  # sharded: in the DCP files with the model
+            return distributed.save_checkpoint(
+                self.world,
+                self.ckpt_dir,
+                self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                tokenizer=self.tokenizer,
+                state=state,
+                keep=self.cfg.train.keep_checkpoints,
+            )
         return ckpt.save_checkpoint(
             self.ckpt_dir,
             self.step,
@@ -171,9 +201,14 @@ class GroupTrainer(Trainer):
         )
 
     def _restore(self, path: Path) -> None:
-        ckpt.load_weights_into(self.model, path)
         st = ckpt.load_trainer_state(path)
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.world is not None or "optimizer" not in st:  # written through torch distributed checkpointing
+            from horizonrl.train.distributed import load_checkpoint
+
+            load_checkpoint(path, self.model, self.optimizer)
+        else:
+            ckpt.load_weights_into(self.model, path)
+            self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.task_rng.setstate(st["task_rng"])
         self.shuffle_gen.set_state(st["shuffle_gen"])
@@ -182,24 +217,29 @@ class GroupTrainer(Trainer):
         self.step = int(st["step"])
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
+        self.engine.sync()  # engines with their own weights (Ray replicas, sharded copies) get the restored ones
 
     # ------------------------------------------------------------------ loop
 
     def make_engine(self, *, shared: bool):
-        """The configured rollout engine over the training model (``inference.engine``)."""
-        return make_engine(
-            self.cfg.inference.engine,
-            self.model,
-            self.tokenizer,
-            device=self.device,
-            max_batch_size=self.cfg.rollout.max_batch_size,
-            seed=self.cfg.train.seed,
-            shared=shared,
-            params=dict(self.cfg.inference.params),
+        """The configured rollout engine over the training model (``inference.engine``, ``distributed``)."""
+        return make_rollout_engine(
+            self.cfg, self.model, self.tokenizer, device=self.device, shared=shared, world=self.world
         )
 
     def make_env(self):
+        if self.env_pool is not None:
+            return self.env_pool.make()
         return self.env_cls(**self.env_knobs)
+
+    def close(self) -> None:
+        """Release the engine replicas and environment workers (Ray), then the logger."""
+        close_quietly(self.engine)
+        if self.env_pool is not None:
+            self.env_pool.close()
+        super().close()
+        if self.world is not None:
+            self.world.close()
 
     def agent_spec(self, params: SamplingParams) -> AgentSpec:
         r = self.cfg.rollout
@@ -242,6 +282,8 @@ class GroupTrainer(Trainer):
             )
         finally:
             self.engine.set_rng_state(saved)
+        if not self.is_main:
+            return out
         (self.run_dir / "eval").mkdir(exist_ok=True)
         record = {
             "step": self.step,
@@ -307,7 +349,7 @@ class GroupTrainer(Trainer):
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         t2 = time.perf_counter()
         metrics = ppo_update(
-            self.model,
+            self.train_model,
             self.optimizer,
             self.scheduler,
             rows,
@@ -316,6 +358,7 @@ class GroupTrainer(Trainer):
             device=self.device,
             pad_id=self.tokenizer.pad_token_id or 0,
             ref_model=self.ref_model,
+            world=self.world,
         )
         self.engine.sync()
         t3 = time.perf_counter()
@@ -337,7 +380,7 @@ class GroupTrainer(Trainer):
                 "throughput/tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
             }
         )
-        if cfg.train.save_rollouts:
+        if cfg.train.save_rollouts and self.is_main:
             (self.run_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts)
         return metrics

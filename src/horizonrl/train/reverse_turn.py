@@ -38,6 +38,7 @@ from horizonrl.train.budget import BudgetedEngine
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.update import consistency_metrics, ppo_update, score_rows
+from horizonrl.train.workers import close_quietly
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
 
 
@@ -122,8 +123,9 @@ class ReverseTurnTrainer(GroupTrainer):
         self.update_settings = dataclasses.replace(self.update_settings, loss_agg_mode=mode)
         self.shared_engine = cfg.rtpo.sync_every == 1
         if not self.shared_engine:  # a separate copy that only sees the weights at a sync
-            rng = self.engine.rng_state()
+            rng, shared = self.engine.rng_state(), self.engine
             self.engine = self.make_engine(shared=False)
+            close_quietly(shared)  # (Ray replicas are not needed twice)
             self.engine.set_rng_state(rng)
             self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         if self._pending is not None:
@@ -195,7 +197,7 @@ class ReverseTurnTrainer(GroupTrainer):
         return episode_program(ep, self.manager(boundaries, task_index=i), self.params), env
 
     def save_phase1(self, name: str, rollouts: list[Rollout]) -> None:
-        if self.cfg.train.save_rollouts:
+        if self.cfg.train.save_rollouts and self.is_main:
             (self.run_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.run_dir / "rollouts" / f"{name}_{self.iteration}.jsonl", rollouts)
 
@@ -262,7 +264,7 @@ class ReverseTurnTrainer(GroupTrainer):
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         before = consistency_metrics(rows, self.scored(rows))
         m = ppo_update(
-            self.model,
+            self.train_model,
             self.optimizer,
             None,
             rows,
@@ -271,6 +273,7 @@ class ReverseTurnTrainer(GroupTrainer):
             device=self.device,
             pad_id=self.tokenizer.pad_token_id or 0,
             ref_model=self.ref_model,
+            world=self.world,
         )
         self._versions[0] += 1
         return m | before
@@ -381,7 +384,7 @@ class ReverseTurnTrainer(GroupTrainer):
                 "throughput/tokens_per_s": (self.budget.spent - before[1]) / max(t2 - t1, 1e-9),
             }
         )
-        if self.cfg.train.save_rollouts and batch["rollouts"]:
+        if self.cfg.train.save_rollouts and batch["rollouts"] and self.is_main:
             (self.run_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"])
         return m
