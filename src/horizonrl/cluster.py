@@ -102,3 +102,28 @@ def shm_files() -> set[str]:
     """Names in ``/dev/shm`` (to check that actors left no shared memory behind)."""
     p = Path("/dev/shm")
     return {f.name for f in p.iterdir()} if p.is_dir() else set()
+
+
+def orphaned_shm(names: set[str]) -> set[str]:
+    """Those of ``names`` still in ``/dev/shm`` that no process maps or holds open (leaked segments).
+
+    Segments another live process uses are not leaks, so this is safe on a shared machine.
+    """
+    present = names & shm_files()
+    if not present:
+        return set()
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    used.add(line.rsplit("/dev/shm/", 1)[1].split(" ")[0])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/") :].split(" ")[0])
+        except OSError:
+            continue
+    return present - used

@@ -20,6 +20,7 @@ back, callables become remote calls.
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
 from horizonrl.envs.base import Env, StepResult, Task
@@ -166,21 +167,25 @@ class EnvPool:
         self._slot: dict[int, int] = {}
         self.ray.get([w.live.remote() for w in self.workers])
         self.closed_pool = False
+        self._lock = threading.Lock()  # environments are made and closed from several threads
 
     def make(self) -> RemoteEnv:
         """A new environment on the worker with the fewest live environments."""
-        k = min(range(len(self.workers)), key=lambda j: (self.live[j], j))
+        with self._lock:
+            k = min(range(len(self.workers)), key=lambda j: (self.live[j], j))
+            self.live[k] += 1
         env_id, meta = self.ray.get(self.workers[k].create.remote())
-        self.live[k] += 1
         env = RemoteEnv(self, self.workers[k], env_id, meta)
-        self._slot[id(env)] = k
+        with self._lock:
+            self._slot[id(env)] = k
         return env
 
     def closed(self, env: RemoteEnv) -> None:
-        k = self._slot.pop(id(env), None)
-        if k is None or self.closed_pool:
-            return
-        self.live[k] -= 1
+        with self._lock:
+            k = self._slot.pop(id(env), None)
+            if k is None or self.closed_pool:
+                return
+            self.live[k] -= 1
         self.workers[k].close.remote(env._id)  # fire and forget; ordered before later calls to the worker
 
     def close(self) -> None:

@@ -62,7 +62,7 @@ class EngineReplica:
 
         torch.set_num_threads(max(1, threads))
         config, dtype = blob["config"], blob["dtype"]
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.load_state_dict(blob["state_dict"])
         model.eval().requires_grad_(False)
         self.engine = make_engine(

@@ -130,8 +130,9 @@ class World:
             return {k: v.detach().cpu() for k, v in model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
-                                                                    broadcast_from_rank0=False))
+        # cpu_offload=True would keep the gathered tensors on rank 0 only.
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in full.items()}
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -238,7 +239,7 @@ def full_model_copy(model: torch.nn.Module, world: World) -> torch.nn.Module:
 
     full = world.full_state_dict(model)
     dtype = next(iter(full.values())).dtype
-    copy = AutoModelForCausalLM.from_config(model.config, torch_dtype=dtype)
+    copy = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
     copy.load_state_dict(full)
     return copy.to(world.device).eval().requires_grad_(False)
 

@@ -146,6 +146,13 @@ class GroupTrainer(Trainer):
             old_logprobs=cfg.algo.old_logprobs,
             logprob_clip=cfg.algo.logprob_clip,
         )
+        #: Background collection of future batches (train.max_staleness > 0), else None.
+        self.async_rollouts = None
+        if cfg.train.max_staleness > 0:
+            from horizonrl.train.async_rollout import AsyncRollouts, check_async
+
+            check_async(cfg, self.world)
+            self.async_rollouts = AsyncRollouts(self)
         resume_step = None
         if resume:
             path = ckpt.latest_checkpoint(self.ckpt_dir)
@@ -173,6 +180,7 @@ class GroupTrainer(Trainer):
             "global_rng": ckpt.rng_state(),
             "budget": self.budget.state(),
             "evals_done": list(self.evals_done),
+            **({"async": self.async_rollouts.state()} if self.async_rollouts is not None else {}),
         }
 
     def save(self) -> Path:
@@ -218,6 +226,8 @@ class GroupTrainer(Trainer):
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
         self.engine.sync()  # engines with their own weights (Ray replicas, sharded copies) get the restored ones
+        if self.async_rollouts is not None and "async" in st:
+            self.async_rollouts.load(st["async"])
 
     # ------------------------------------------------------------------ loop
 
@@ -234,6 +244,8 @@ class GroupTrainer(Trainer):
 
     def close(self) -> None:
         """Release the engine replicas and environment workers (Ray), then the logger."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
         close_quietly(self.engine)
         if self.env_pool is not None:
             self.env_pool.close()
@@ -332,8 +344,15 @@ class GroupTrainer(Trainer):
         cfg = self.cfg
         t0 = time.perf_counter()
         spent = self.budget.spent
-        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
-        groups = self.collect(tasks)
+        settings, stale = self.update_settings, {}
+        if self.async_rollouts is not None:  # sampled in the background by the weights of step - k
+            groups, stale = self.async_rollouts.take(self.step)
+            settings = self.async_rollouts.update_settings(settings, stale)
+        else:
+            tasks = self.task_rng.sample(
+                self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks))
+            )
+            groups = self.collect(tasks)
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
         self.budget.rollouts += len(rollouts)
@@ -353,7 +372,7 @@ class GroupTrainer(Trainer):
             self.optimizer,
             self.scheduler,
             rows,
-            self.update_settings,
+            settings,
             generator=self.shuffle_gen,
             device=self.device,
             pad_id=self.tokenizer.pad_token_id or 0,
@@ -361,6 +380,8 @@ class GroupTrainer(Trainer):
             world=self.world,
         )
         self.engine.sync()
+        if self.async_rollouts is not None:
+            self.async_rollouts.publish(self.step + 1, self.model)
         t3 = time.perf_counter()
         self.step += 1
         gen_tokens = sum(r.num_response_tokens for r in rollouts)
@@ -369,6 +390,7 @@ class GroupTrainer(Trainer):
         metrics.update(self.extra_metrics)
         metrics.update(feature_times)
         metrics.update(self.budget.metrics())
+        metrics.update(stale)
         metrics.update(
             {
                 "train/zero_adv_token_rate": float(np.mean(flat_adv == 0.0)) if flat_adv.size else 0.0,
