@@ -248,10 +248,56 @@ def test_a_run_with_environment_workers_matches_a_local_run(ray_session, tiny_mo
         remote[0].close()
 
 
+def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_model_dir, tmp_path):
+    from horizonrl.train.rtpo_trainer import RTPOTrainer
+
+    common = (
+        "train.trainer=rtpo",
+        "env.name=arithmetic",
+        "train.steps=1",
+        "rtpo.sync_every=2",  # a separate engine copy: weights pushed with sync(state_dict)
+    )
+    runs = []
+    for name, extra in (
+        ("local", ("distributed.seeding=request",)),
+        ("ray", ("distributed.backend=ray", "distributed.num_engine_replicas=2", "distributed.prefix_block=8")),
+    ):
+        tr = RTPOTrainer(_cfg(tiny_model_dir, tmp_path / name, *common, *extra))
+        recorded = []
+        run_programs = tr.run_programs
+
+        def recording(made, kind="stage", run_programs=run_programs, recorded=recorded):
+            out = run_programs(made, kind)
+            recorded.append((kind, out))
+            return out
+
+        tr.run_programs = recording
+        tr.fit()
+        runs.append((tr, recorded))
+    (local, rec_l), (remote, rec_r) = runs
+    assert [k for k, _ in rec_l] == [k for k, _ in rec_r] and len(rec_l) >= 2  # phase 1 and stages
+    for (_, a), (_, b) in zip(rec_l, rec_r, strict=True):
+        assert [t.response_ids for r in a for t in r.turns] == [t.response_ids for r in b for t in r.turns]
+    for p, q in zip(local.model.parameters(), remote.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
+    # Siblings continue their trunk's boundary context: the router found it on the replica it chose.
+    assert remote.engine.router.hit_rate() > 0.5
+    remote.close()
+
+
 def test_engine_errors_surface_and_release_ray(ray_session, tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tmp_path / "bad", "distributed.backend=ray", "inference.params={nope: 1}")
     with pytest.raises(Exception, match="nope"):
         GroupTrainer(cfg)
+    big = _cfg(
+        tiny_model_dir,
+        tmp_path / "big",
+        "distributed.backend=ray",
+        "distributed.num_engine_replicas=2",
+        "distributed.engine_cpus=2",
+    )
+    with pytest.raises(ValueError, match=r"engine_cpus=2.0 x num_engine_replicas=2 needs 4 CPUs"):
+        GroupTrainer(big)  # refused at once instead of waiting forever for CPUs
     assert ray.is_initialized()  # the module's session is still up (only this trainer's share was released)
 
 

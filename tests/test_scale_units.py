@@ -215,3 +215,22 @@ def test_request_seeding_leaves_greedy_decoding_alone(engine):
     b = engine.generate([[5, 6, 7]], p, seeds=[2])
     assert a[0].ids == b[0].ids
     assert torch.tensor(a[0].logprobs).le(0).all()
+
+
+def test_orphaned_shm_reports_unused_segments_only(tmp_path):
+    import os
+    from pathlib import Path
+
+    from horizonrl import cluster
+
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    free, held = f"hrl_test_{os.getpid()}_free", f"hrl_test_{os.getpid()}_held"
+    Path("/dev/shm", free).write_bytes(b"x")
+    fh = open(Path("/dev/shm", held), "wb")
+    try:
+        assert cluster.orphaned_shm({free, held, "hrl_test_missing"}) == {free}
+    finally:
+        fh.close()
+        Path("/dev/shm", free).unlink()
+        Path("/dev/shm", held).unlink()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import gc
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -201,6 +202,29 @@ class RayEngine(Engine):
                 self._release()
 
 
+def _check_resources(ray, settings) -> None:
+    """On the private local Ray, refuse replicas that could never be placed (they would wait forever)."""
+    if settings.address is not None:
+        return  # a cluster may scale up
+    n = settings.num_engine_replicas
+    need = {"CPU": settings.engine_cpus * n, "GPU": settings.engine_gpus * n}
+    total = ray.cluster_resources()
+    deadline = time.monotonic() + 60.0
+    while True:  # actors killed a moment ago free their resources with a delay
+        free = ray.available_resources()
+        short = [k for k, v in need.items() if v > free.get(k, 0.0) + 1e-9]
+        if not short or any(need[k] > total.get(k, 0.0) + 1e-9 for k in short) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for key, per in (("CPU", settings.engine_cpus), ("GPU", settings.engine_gpus)):
+        if key in short:
+            field = "engine_cpus" if key == "CPU" else "engine_gpus"
+            raise ValueError(
+                f"distributed.{field}={per} x num_engine_replicas={n} needs {per * n:g} {key}s, but the local "
+                f"Ray has {free.get(key, 0.0):g} free (distributed.num_cpus, or fewer/smaller replicas)"
+            )
+
+
 def make_ray_engine(
     name: str,
     model,
@@ -220,6 +244,7 @@ def make_ray_engine(
 
     ray = cluster.connect(settings.address, num_cpus=settings.num_cpus)
     try:
+        _check_resources(ray, settings)
         actor = ray.remote(num_cpus=settings.engine_cpus, num_gpus=settings.engine_gpus)(EngineReplica)
         dtype = next(model.parameters()).dtype
         blob = ray.put({"config": model.config, "dtype": dtype, "state_dict": cpu_state_dict(model)})

@@ -24,8 +24,9 @@ policy's, and any mismatch correction applies on top), logged as
 The schedule does not depend on timing: which version samples which batch,
 the task draws (``task_rng``, only the collector draws), and the collector
 engine's RNG are fixed, so a run is reproducible and resumes exactly — a
-checkpoint waits until the collector is idle and stores the batches it holds
-and its RNG states. ``k = 0`` does not construct this class: the trainer runs
+checkpoint waits until the collector is idle and stores the batches it holds,
+its RNG states and the weights of the (at most ``k``) versions that batches not
+yet generated will be sampled by. ``k = 0`` does not construct this class: the trainer runs
 exactly as before.
 
 Not combined with torchrun (the thread's collectives would interleave with the
@@ -120,6 +121,11 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         with self.cond:
             while step not in self.batches and self.error is None:
+                if self.idle and self.next_batch <= step and not self._can_generate():
+                    raise RuntimeError(
+                        f"async rollouts: batch {self.next_batch} needs policy version "
+                        f"{self.version_of(self.next_batch)}, which was not kept (published: {sorted(self.versions)})"
+                    )
                 self.cond.wait()
             self._raise()
             groups, version, tokens = self.batches.pop(step)
@@ -146,8 +152,12 @@ class AsyncRollouts:
             self._raise()
 
     def state(self) -> dict[str, Any]:
+        """Everything the collector needs to continue exactly: batches held, RNGs, and the weights of
+        the versions that batches not yet generated will be sampled by (at most ``k`` copies)."""
         self.drain()
+        needed = self.version_of(self.next_batch)
         return {
+            "versions": {v: sd for v, sd in self.versions.items() if v >= needed},
             "batches": dict(self.batches),
             "next_batch": self.next_batch,
             "first_version": self.first_version,
@@ -156,6 +166,7 @@ class AsyncRollouts:
         }
 
     def load(self, st: dict[str, Any]) -> None:
+        self.versions = dict(st["versions"])
         self.batches = dict(st["batches"])
         self.next_batch = st["next_batch"]
         self.first_version = st["first_version"]

@@ -38,7 +38,7 @@ from horizonrl.train.budget import BudgetedEngine
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.update import consistency_metrics, ppo_update, score_rows
-from horizonrl.train.workers import close_quietly
+from horizonrl.train.workers import close_quietly, ray_held
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
 
 
@@ -123,9 +123,10 @@ class ReverseTurnTrainer(GroupTrainer):
         self.update_settings = dataclasses.replace(self.update_settings, loss_agg_mode=mode)
         self.shared_engine = cfg.rtpo.sync_every == 1
         if not self.shared_engine:  # a separate copy that only sees the weights at a sync
-            rng, shared = self.engine.rng_state(), self.engine
-            self.engine = self.make_engine(shared=False)
-            close_quietly(shared)  # (Ray replicas are not needed twice)
+            rng = self.engine.rng_state()
+            with ray_held(cfg):  # the shared replicas make room for the separate ones
+                close_quietly(self.engine)
+                self.engine = self.make_engine(shared=False)
             self.engine.set_rng_state(rng)
             self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         if self._pending is not None:

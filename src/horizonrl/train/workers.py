@@ -13,10 +13,27 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from horizonrl.envs import get_env
 from horizonrl.envs.remote import EnvPool, runs_remotely
 from horizonrl.inference import make_engine
 from horizonrl.inference.seeding import SeededEngine
+
+
+@contextlib.contextmanager
+def ray_held(cfg):
+    """Keep Ray up inside (``backend=ray``), e.g. while one engine is closed and the next one started."""
+    if cfg.distributed.backend != "ray":
+        yield
+        return
+    from horizonrl import cluster
+
+    cluster.connect(cfg.distributed.address, num_cpus=cfg.distributed.num_cpus)
+    try:
+        yield
+    finally:
+        cluster.release()
 
 
 def remote_envs(cfg) -> bool:
