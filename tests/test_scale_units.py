@@ -43,7 +43,7 @@ def test_request_uniforms_match_a_python_splitmix64():
         want = [_splitmix_reference(s, step) for s in seeds]
         assert got.tolist() == want
     u = request_uniforms(np.arange(20000), 3)
-    assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.01
+    assert u.min() >= 0.0 and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.01
 
 
 def test_request_seeds_do_not_depend_on_batch_or_order(engine):
@@ -60,7 +60,9 @@ def test_request_seeds_do_not_depend_on_batch_or_order(engine):
         assert [g.ids for g in full] == [g.ids for g in rev]
     # Different seeds give different samples (the seeds are used).
     other = engine.generate(prompts, SamplingParams(max_new_tokens=10), seeds=[s + 1 for s in seeds])
-    assert [g.ids for g in other] != [g.ids for g in engine.generate(prompts, SamplingParams(max_new_tokens=10), seeds=seeds)]
+    assert [g.ids for g in other] != [
+        g.ids for g in engine.generate(prompts, SamplingParams(max_new_tokens=10), seeds=seeds)
+    ]
 
 
 def test_batch_seeding_is_unchanged_without_seeds(engine):
@@ -88,7 +90,7 @@ def test_block_hashes_chain_full_blocks_only():
     assert block_hashes([1, 2, 3], 4) == []
     h = block_hashes(list(range(10)), 4)
     assert len(h) == 2
-    assert block_hashes(list(range(8)) + [99, 98], 4) == h  # the partial tail is not hashed
+    assert block_hashes([*range(8), 99, 98], 4) == h  # the partial tail is not hashed
     assert block_hashes([0, 1, 2, 3, 9, 9, 9, 9], 4)[0] == h[0]
     assert block_hashes([0, 1, 2, 3, 9, 9, 9, 9], 4)[1] != h[1]
 
@@ -125,7 +127,9 @@ class _EchoEngine:
 
     def generate(self, prompts, params):
         self.calls.append([list(p) for p in prompts])
-        return [Generation(ids=[len(p)], logprobs=[0.0], text=str(len(p)), finish_reason="stop") for p in prompts]
+        return [
+            Generation(ids=[len(p)], logprobs=[0.0], text=str(len(p)), finish_reason="stop") for p in prompts
+        ]
 
 
 def _programs(log):
@@ -163,7 +167,7 @@ def test_threaded_advancement_reraises_program_errors():
         yield Generate([2], SamplingParams(max_new_tokens=1))
         return 1
 
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(RuntimeError, match=r"boom"):
         drive(_EchoEngine(3), [good(), bad(), good()])
 
 
@@ -171,15 +175,15 @@ def test_distributed_config_validation():
     cfg = load_config(None, ["distributed.backend=ray", "distributed.num_engine_replicas=2"])
     assert cfg.distributed.request_seeding() and not load_config(None, []).distributed.request_seeding()
     assert load_config(None, []).distributed.request_seeding(world_size=2)
-    with pytest.raises(ConfigError, match="num_engine_replicas=2.*backend=ray"):
+    with pytest.raises(ConfigError, match=r"num_engine_replicas=2.*backend=ray"):
         load_config(None, ["distributed.num_engine_replicas=2"])
-    with pytest.raises(ConfigError, match="distributed.address"):
+    with pytest.raises(ConfigError, match=r"distributed.address"):
         load_config(None, ["distributed.address=auto"])
-    with pytest.raises(ConfigError, match="seeding='batch'"):
+    with pytest.raises(ConfigError, match=r"seeding='batch'"):
         load_config(None, ["distributed.backend=ray", "distributed.seeding=batch"])
-    with pytest.raises(ConfigError, match="distributed.update='zero'"):
+    with pytest.raises(ConfigError, match=r"distributed.update='zero'"):
         load_config(None, ["distributed.update=zero"])
-    with pytest.raises(ConfigError, match="train.max_staleness=-1"):
+    with pytest.raises(ConfigError, match=r"train.max_staleness=-1"):
         load_config(None, ["train.max_staleness=-1"])
 
 
@@ -205,7 +209,7 @@ def test_rank_chunks_cover_every_row_once_and_line_up_across_ranks():
 
 
 def test_hf_engine_rejects_a_wrong_number_of_seeds(engine):
-    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+    with pytest.raises(ValueError, match=r"2 seeds for 3 prompts"):
         engine.generate([[5], [6], [7]], SamplingParams(max_new_tokens=2), seeds=[1, 2])
 
 
@@ -227,10 +231,9 @@ def test_orphaned_shm_reports_unused_segments_only(tmp_path):
         pytest.skip("no /dev/shm")
     free, held = f"hrl_test_{os.getpid()}_free", f"hrl_test_{os.getpid()}_held"
     Path("/dev/shm", free).write_bytes(b"x")
-    fh = open(Path("/dev/shm", held), "wb")
     try:
-        assert cluster.orphaned_shm({free, held, "hrl_test_missing"}) == {free}
+        with open(Path("/dev/shm", held), "wb"):
+            assert cluster.orphaned_shm({free, held, "hrl_test_missing"}) == {free}
     finally:
-        fh.close()
         Path("/dev/shm", free).unlink()
-        Path("/dev/shm", held).unlink()
+        Path("/dev/shm", held).unlink(missing_ok=True)

@@ -63,7 +63,13 @@ def _launch(out: Path, nproc: int, *overrides: str, resume: bool = False) -> dic
         cmd = [sys.executable, *script]
     else:
         torchrun = [sys.executable, "-m", "torch.distributed.run"]
-        cmd = [*torchrun, f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={_port()}", *script]
+        cmd = [
+            *torchrun,
+            f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_port()}",
+            *script,
+        ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return torch.load(out / "weights.pt")

@@ -48,9 +48,7 @@ def _import_ray():
     try:
         import ray
     except ImportError as e:
-        raise RuntimeError(
-            "distributed.backend=ray needs Ray: pip install 'horizonrl[ray]'"
-        ) from e
+        raise RuntimeError("distributed.backend=ray needs Ray: pip install 'horizonrl[ray]'") from e
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # loopback stays loopback (see the module docstring)

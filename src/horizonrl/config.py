@@ -323,7 +323,9 @@ class DistributedConfig(_Section):
         1, "rollout engine replicas (Ray actors, each running inference.engine on its own weights)", ge=1
     )
     engine_cpus: float = opt(1.0, "CPUs reserved for each engine replica (also its torch threads)", ge=0.0)
-    engine_gpus: float = opt(0.0, "GPUs reserved for each engine replica (> 0 puts its model on cuda)", ge=0.0)
+    engine_gpus: float = opt(
+        0.0, "GPUs reserved for each engine replica (> 0 puts its model on cuda)", ge=0.0
+    )
     num_env_workers: int = opt(
         0, "environment worker actors (0: every environment in the trainer process)", ge=0
     )

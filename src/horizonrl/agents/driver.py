@@ -141,7 +141,7 @@ def _advance_threaded(pool: ThreadPoolExecutor, ready: deque, pending: list[_Tas
         for j, (task, _) in enumerate(batch):
             by_root.setdefault(task.root, []).append(j)
 
-        def run(js: list[int]) -> list[tuple[int, tuple[str, Any]]]:
+        def run(js: list[int], batch=batch) -> list[tuple[int, tuple[str, Any]]]:
             return [(j, _resume(*batch[j])) for j in js]
 
         outcomes: list[tuple[str, Any] | None] = [None] * len(batch)

@@ -1,4 +1,4 @@
-"""Environments in Ray actors: a pool of environment workers and a local proxy (``distributed.num_env_workers``).
+"""Environments in Ray actors: a pool of workers and a local proxy (``distributed.num_env_workers``).
 
 Environments whose state lives outside the Python object (``Env.external_state``:
 the math_python sandbox's processes, the search index) run in

@@ -242,7 +242,9 @@ class HFEngine(Engine):
         tokens, covered = pick(*weights.topk(min(weights.shape[-1], 256), dim=-1), budget, uniforms)
         if not bool(covered.all()):
             rest = None if uniforms is None else uniforms[~covered]
-            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered], rest)[0]
+            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered], rest)[
+                0
+            ]
         return tokens
 
     def generate(

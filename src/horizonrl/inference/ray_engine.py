@@ -55,8 +55,17 @@ def cpu_state_dict(model_or_sd) -> dict[str, torch.Tensor]:
 class EngineReplica:
     """One rollout engine inside a Ray actor (the class is wrapped by ``ray.remote`` at start)."""
 
-    def __init__(self, name: str, blob: dict[str, Any], tokenizer, *, device: str, max_batch_size: int,
-                 params: dict, threads: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        blob: dict[str, Any],
+        tokenizer,
+        *,
+        device: str,
+        max_batch_size: int,
+        params: dict,
+        threads: int,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         from horizonrl.inference.registry import make_engine
@@ -67,7 +76,13 @@ class EngineReplica:
         model.load_state_dict(blob["state_dict"])
         model.eval().requires_grad_(False)
         self.engine = make_engine(
-            name, model, tokenizer, device=device, max_batch_size=max_batch_size, seed=0, shared=True,
+            name,
+            model,
+            tokenizer,
+            device=device,
+            max_batch_size=max_batch_size,
+            seed=0,
+            shared=True,
             params=params,
         )
         self.version = 0
@@ -103,8 +118,9 @@ class EngineReplica:
 class RayEngine(Engine):
     """``N`` engine replicas behind ``Engine`` (module docstring). Build it with :func:`make_ray_engine`."""
 
-    def __init__(self, replicas: list, router: PrefixRouter, *, model=None, follow: bool, seed: int,
-                 release=None) -> None:
+    def __init__(
+        self, replicas: list, router: PrefixRouter, *, model=None, follow: bool, seed: int, release=None
+    ) -> None:
         import ray
 
         self._ray = ray
@@ -220,8 +236,8 @@ def _check_resources(ray, settings) -> None:
         if key in short:
             field = "engine_cpus" if key == "CPU" else "engine_gpus"
             raise ValueError(
-                f"distributed.{field}={per} x num_engine_replicas={n} needs {per * n:g} {key}s, but the local "
-                f"Ray has {free.get(key, 0.0):g} free (distributed.num_cpus, or fewer/smaller replicas)"
+                f"distributed.{field}={per} x num_engine_replicas={n} needs {per * n:g} {key}s, but the "
+                f"local Ray has {free.get(key, 0.0):g} free (distributed.num_cpus, or fewer/smaller replicas)"
             )
 
 
@@ -251,8 +267,15 @@ def make_ray_engine(
         device = "cuda" if settings.engine_gpus > 0 else "cpu"
         threads = max(1, int(settings.engine_cpus))
         replicas = [
-            actor.remote(name, blob, tokenizer, device=device, max_batch_size=max_batch_size,
-                         params=dict(params or {}), threads=threads)
+            actor.remote(
+                name,
+                blob,
+                tokenizer,
+                device=device,
+                max_batch_size=max_batch_size,
+                params=dict(params or {}),
+                threads=threads,
+            )
             for _ in range(settings.num_engine_replicas)
         ]
         ray.get([r.info.remote() for r in replicas])  # wait until every replica is up (errors surface here)

@@ -36,7 +36,7 @@ def block_hashes(ids: Sequence[int], block: int) -> list[int]:
 
 
 class PrefixRouter:
-    """Assigns the prompts of each call to replicas (module docstring); ``mode='round_robin'`` ignores prefixes."""
+    """Assigns the prompts of each call to replicas (module docstring); ``round_robin`` ignores prefixes."""
 
     def __init__(
         self,

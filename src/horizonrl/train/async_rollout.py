@@ -124,7 +124,8 @@ class AsyncRollouts:
                 if self.idle and self.next_batch <= step and not self._can_generate():
                     raise RuntimeError(
                         f"async rollouts: batch {self.next_batch} needs policy version "
-                        f"{self.version_of(self.next_batch)}, which was not kept (published: {sorted(self.versions)})"
+                        f"{self.version_of(self.next_batch)}, which was not kept "
+                        f"(published: {sorted(self.versions)})"
                     )
                 self.cond.wait()
             self._raise()

@@ -96,7 +96,7 @@ class World:
         return list(range(self.rank, n, self.size))
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the update runs through: ``DDP(model)``, or ``model`` itself sharded in place (FSDP2)."""
+        """What the update runs through: ``DDP(model)``, or ``model`` itself sharded in place (FSDP2)."""
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -200,7 +200,11 @@ class ShardedEngine(Engine):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         seeds = self.seeds.draw(len(prompts))
         mine = self._shard([len(p) for p in prompts])
-        gens = self.inner.generate([prompts[i] for i in mine], params, seeds=[seeds[i] for i in mine]) if mine else []
+        gens = (
+            self.inner.generate([prompts[i] for i in mine], params, seeds=[seeds[i] for i in mine])
+            if mine
+            else []
+        )
         out: list[Generation | None] = [None] * len(prompts)
         for part in self.world.all_gather_object(list(zip(mine, gens, strict=True))):
             for i, g in part:
@@ -209,7 +213,9 @@ class ShardedEngine(Engine):
 
     def score(self, contexts, continuations) -> list[np.ndarray]:
         mine = self._shard([len(c) + len(k) for c, k in zip(contexts, continuations, strict=True)])
-        scores = self.inner.score([contexts[i] for i in mine], [continuations[i] for i in mine]) if mine else []
+        scores = (
+            self.inner.score([contexts[i] for i in mine], [continuations[i] for i in mine]) if mine else []
+        )
         out: list[np.ndarray | None] = [None] * len(contexts)
         for part in self.world.all_gather_object(list(zip(mine, scores, strict=True))):
             for i, s in part:
@@ -247,8 +253,17 @@ def full_model_copy(model: torch.nn.Module, world: World) -> torch.nn.Module:
 # ---------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(world: World, root: str | Path, step: int, *, model, optimizer, tokenizer,
-                    state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(
+    world: World,
+    root: str | Path,
+    step: int,
+    *,
+    model,
+    optimizer,
+    tokenizer,
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
     """Model + optimizer through DCP (every rank), trainer state + HF weights (rank 0); atomic as
     :func:`horizonrl.train.checkpoint.save_checkpoint`."""
     import shutil
@@ -271,8 +286,9 @@ def save_checkpoint(world: World, root: str | Path, step: int, *, model, optimiz
     if world.is_main:
         if getattr(model.config, "tie_word_embeddings", False):
             full.pop("lm_head.weight", None)
-        final = ckpt.save_checkpoint(root, step, model=model, tokenizer=tokenizer, state=state, keep=keep,
-                                     state_dict=full, staged=True)
+        final = ckpt.save_checkpoint(
+            root, step, model=model, tokenizer=tokenizer, state=state, keep=keep, state_dict=full, staged=True
+        )
     world.barrier()
     return final
 

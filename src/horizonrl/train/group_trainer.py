@@ -39,8 +39,8 @@ from horizonrl.train import hidden, info_gain  # noqa: F401  (register the featu
 from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
-from horizonrl.train.distributed import NullLogger, init_world
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
+from horizonrl.train.distributed import NullLogger, init_world
 from horizonrl.train.env_knobs import resolve_knobs
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
@@ -225,7 +225,7 @@ class GroupTrainer(Trainer):
         self.step = int(st["step"])
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
-        self.engine.sync()  # engines with their own weights (Ray replicas, sharded copies) get the restored ones
+        self.engine.sync()  # engines with their own weights (Ray replicas, sharded copies) get these
         if self.async_rollouts is not None and "async" in st:
             self.async_rollouts.load(st["async"])
 

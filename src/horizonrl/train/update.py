@@ -253,4 +253,6 @@ def _grad_norm(model: torch.nn.Module, grad_clip: float, world) -> torch.Tensor:
         return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
     if grad_clip > 0:
         return torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    return torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
+    )

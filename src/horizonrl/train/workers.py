@@ -43,7 +43,7 @@ def remote_envs(cfg) -> bool:
 
 
 def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=None):
-    """The configured rollout engine over ``model`` (module docstring); ``world``: the torchrun group, if any."""
+    """The configured rollout engine over ``model`` (module docstring); ``world``: the torchrun group."""
     d = cfg.distributed
     world_size = world.size if world is not None else 1
     if d.seeding == "batch" and world_size > 1:
@@ -56,7 +56,9 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
     )
     if d.backend == "ray":
         if world_size > 1:
-            raise ValueError("distributed.backend=ray runs the rollouts from one trainer process, not torchrun")
+            raise ValueError(
+                "distributed.backend=ray runs the rollouts from one trainer process, not torchrun"
+            )
         from horizonrl.inference.ray_engine import make_ray_engine
 
         engine = make_ray_engine(cfg.inference.engine, model, tokenizer, settings=d, **kw)
