@@ -287,6 +287,21 @@ def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_mo
     remote.close()
 
 
+def test_async_rollouts_on_ray_replicas(ray_session, tiny_model_dir, tmp_path):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path / "async",
+        "distributed.backend=ray",
+        "distributed.engine_cpus=0.5",  # the collector's replica and the evaluation replica share 1 CPU
+        "train.max_staleness=1",
+        "train.steps=2",
+    )
+    tr = GroupTrainer(cfg)
+    records = tr.fit()  # closes both engines
+    assert [r["async/staleness_max"] for r in records] == [0.0, 1.0]
+    assert tr.async_rollouts.engine.closed and tr.engine.closed
+
+
 def test_engine_errors_surface_and_release_ray(ray_session, tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir, tmp_path / "bad", "distributed.backend=ray", "inference.params={nope: 1}")
     with pytest.raises(Exception, match="nope"):
