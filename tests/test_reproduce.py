@@ -93,8 +93,7 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
     assert res["arms"]["grpo"]["start"] == res["arms"]["rloo"]["start"]
     c = res["comparisons"][0]
     want = [
-        res["arms"]["rloo"]["seeds"][i]["pass@1"] - res["arms"]["grpo"]["seeds"][i]["pass@1"]
-        for i in range(2)
+        res["arms"]["rloo"]["seeds"][i]["pass@1"] - res["arms"]["grpo"]["seeds"][i]["pass@1"] for i in range(2)
     ]
     assert c["diffs"] == pytest.approx(want)
     assert c["t"]["mean"] == pytest.approx(sum(want) / 2)
