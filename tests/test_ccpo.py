@@ -333,7 +333,7 @@ def test_ccpo_estimator_broadcasts_step_advantages():
     groups = _groups()
     est = get_estimator("ccpo")
     h = np.random.default_rng(3).standard_normal((12, 8))
-    out = est(groups, hidden=h, episode_weight=1.0)
+    out = est(groups, hidden=h, episode_weight=1.0, obs_key="state")
     adv = contextual_credit(step_batch_from_groups(groups), h, episode_weight=1.0).advantage
     flat = [arr for r in out for seg in r for arr in seg]
     assert [len(a) for a in flat] == [2, 3, 4] * 4

@@ -148,7 +148,7 @@ def test_broadcast_output_feeds_build_rows():
 
 def test_builtin_estimators_registered():
     assert {"grpo", "drgrpo", "rloo", "broadcast"} <= set(list_estimators())
-    assert get_estimator("grpo").loss_agg_mode == "token-mean"
+    assert get_estimator("grpo").loss_agg_mode == "rollout-mean-token-mean"
     assert get_estimator("drgrpo").loss_agg_mode == "seq-mean-token-sum-norm"
     assert get_estimator("broadcast").loss_agg_mode == "rollout-mean-token-mean"
     spec = get_estimator("rloo")

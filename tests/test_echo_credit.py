@@ -252,20 +252,41 @@ def test_dense_ablation():
 def test_invalid_rollouts_excluded_and_zero():
     g = _group([1, 0, 1, 1], ["done", "done", "overlong", "error"])
     g.rollouts[2].segments[-1].info = {}  # an overlong rollout may lack a final selected set
+    # Default (paper §5.1): overlong = unsuccessful, in the baseline with reward 0; "error" excluded.
     adv = echo_mod.echo([g], sign_rule="signed")
-    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # GRPO over the valid rewards [1, 0]
+    sd = math.sqrt(1 / 3)  # sample std of [1, 0, 0]
+    assert adv[0][2][0].tolist() == [pytest.approx((2 / 3) / (sd + 1e-6))] * 4
+    assert adv[1][2][0].tolist() == [pytest.approx((-1 / 3) / (sd + 1e-6))] * 4
+    assert all(np.all(t == 0) for i in (2, 3) for s in adv[i] for t in s)  # no update on their own tokens
+    # The other reading: overlong left out of the baseline too -> GRPO over the valid rewards [1, 0].
+    adv = echo_mod.echo([g], sign_rule="signed", overlong="exclude")
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert adv[0][2][0].tolist() == [pytest.approx(a)] * 4
     assert adv[1][2][0].tolist() == [pytest.approx(-a)] * 4
     assert all(np.all(t == 0) for i in (2, 3) for s in adv[i] for t in s)
-    adv = echo_mod.echo([_group([1, 0, 1], ["done", "done", "error"])], invalid_terminations="overlong")
+    adv = echo_mod.echo([_group([1, 0, 1], ["done", "done", "error"])], invalid_terminations=())
     a3 = (1 / 3) / (math.sqrt(1 / 3) + 1e-6)  # "error" now valid: GRPO over [1, 0, 1]
     assert adv[2][2][0].tolist() == [pytest.approx(a3)] * 4
+
+
+def test_one_success_among_overlong_rollouts_is_credited():
+    # The review's case: 1 success + 7 overlong gave no update at all; the paper's reading gives A+ = 2.47.
+    g = _group([1] + [0] * 7, ["done"] + ["overlong"] * 7)
+    for r in g.rollouts[1:]:
+        r.segments[-1].info = {}
+    a = (7 / 8) / (math.sqrt(1 / 8) + 1e-6)
+    assert a == pytest.approx(2.4749, abs=1e-4)
+    top = echo_mod.echo([g])[0]
+    assert max(float(t.max()) for seg in top for t in seg) == pytest.approx(a)
+    assert all(np.all(t == 0) for r in echo_mod.echo([g], overlong="exclude") for s in r for t in s)
 
 
 def test_registry_wiring():
     spec = get_estimator("echo")
     assert spec.loss_agg_mode == "token-mean"
-    assert {"sign_rule", "dense", "invalid_terminations", "normalize_std", "eps"} == set(spec.params)
+    assert {"sign_rule", "dense", "invalid_terminations", "overlong", "normalize_std", "eps"} == set(
+        spec.params
+    )
     groups = [_group([1, 0]), Group("h", "t2", [_single_segment("s", 1.0)])]
     out = spec(groups, sign_rule="signed")
     assert len(out) == 3

@@ -33,7 +33,7 @@ def test_gigpo_hand_worked_mean_norm():
     # Anchor group "initial" = {0.95, 0}: step term +-0.475; "B" and "C" are singletons: 0.
     adv = gigpo_advantage(["x"] * 4, [0, 0, 1, 1], ["P", "B", "P", "C"], [0.95, 1, 0, 0], [1, 1, 0, 0])
     np.testing.assert_allclose(adv, [0.975, 0.5, -0.975, -0.5])
-    out = get_estimator("gigpo")([_group()])
+    out = get_estimator("gigpo")([_group()], obs_key="state")
     assert [a.tolist() for seg in out[0] for a in seg] == [[0.975] * 2, [0.5] * 3]
     assert [a.tolist() for seg in out[1] for a in seg] == [[-0.975], [-0.5] * 2]
 
@@ -46,7 +46,7 @@ def test_gigpo_hand_worked_mean_std_norm_and_omega():
         mode="mean_std_norm", omega=2.0,
     )  # fmt: skip
     np.testing.assert_allclose(adv, [ep + 2 * st, ep, -ep - 2 * st, -ep])
-    out = get_estimator("gigpo")([_group()], mode="mean_std_norm", omega=2.0)
+    out = get_estimator("gigpo")([_group()], mode="mean_std_norm", omega=2.0, obs_key="state")
     np.testing.assert_allclose(out[0][0][0], ep + 2 * st)
 
 
@@ -67,7 +67,7 @@ def test_discounted_returns_and_step_rewards():
         "a", "t", "g", [Segment(turns=[_turn(1, "B", reward=1.0), _turn(1, "D", invalid=True)])], 3.0
     )
     r1 = Rollout("b", "t", "g", [Segment(turns=[_turn(1, "C"), _turn(1, "D")])], reward=0.0)
-    out = get_estimator("gigpo")([Group("g", "t", [r0, r1])], gamma=0.5, eta=0.1)
+    out = get_estimator("gigpo")([Group("g", "t", [r0, r1])], gamma=0.5, eta=0.1, obs_key="state")
     # r0 step rewards [1, 2 - 0.1] -> returns [1 + 0.95, 1.9]; r1 -> [0, 0]. Episode +-1.5.
     # Anchor "initial": {1.95, 0} -> +-0.975; "B", "C" singletons.
     np.testing.assert_allclose([out[0][0][0][0], out[0][0][1][0]], [1.5 + 0.975, 1.5])
@@ -87,12 +87,14 @@ def test_hgpo_hand_worked_levels_and_weights():
     # Level 0: s {1,0,5} mean 2; u {2,0}; w {5} (singleton); v {3,1,5} mean 3.
     # Level 1: (s,u) {2,0}; (s,w) {5}; (u,v) {3,1}; (w,v) {5}.  Level 2: (s,u,v) {3,1}; (s,w,v) {5}.
     # Weights (k + 2)^1 = 2, 3, 4 over the levels with a group of 2 or more.
-    adv = hgpo_advantage(**HGPO_ROWS, mode="mean_norm")
+    adv = hgpo_advantage(**HGPO_ROWS, mode="mean_norm", drop_zero_items=False)
     expected = [-1, (2 * 1 + 3 * 1) / 5, (2 * 0 + 3 * 1 + 4 * 1) / 9]
     expected += [-2, (2 * -1 + 3 * -1) / 5, (2 * -2 + 3 * -1 + 4 * -1) / 9]
     expected += [3, 0, 2]  # c1 has no group of 2 at any level
     np.testing.assert_allclose(adv, expected)
-    flat = hgpo_advantage(**HGPO_ROWS, mode="mean_norm", alpha=0.0)  # plain mean over levels
+    flat = hgpo_advantage(
+        **HGPO_ROWS, mode="mean_norm", alpha=0.0, drop_zero_items=False
+    )  # plain mean over levels
     np.testing.assert_allclose(flat[[2, 5]], [(0 + 1 + 1) / 3, (-2 - 1 - 1) / 3])
 
 
@@ -101,11 +103,13 @@ def test_hgpo_history_zero_is_the_anchor_step_term_and_base_group():
     codes = np.unique(obs, return_inverse=True)[1]
     for mode in ("mean_norm", "mean_std_norm"):
         np.testing.assert_allclose(
-            hgpo_advantage(**HGPO_ROWS, history=0, mode=mode),
+            hgpo_advantage(**HGPO_ROWS, history=0, mode=mode, ddof=1, drop_zero_items=False),
             group_relative(HGPO_ROWS["returns"], codes, mode=mode),
         )
     outcomes = np.repeat([1.0, 0.0, 1.0], 3)  # episode term (mean_norm): 1/3, -2/3, 1/3
-    base = hgpo_advantage(**HGPO_ROWS, mode="mean_norm", outcomes=outcomes, base_group=True)
+    base = hgpo_advantage(
+        **HGPO_ROWS, mode="mean_norm", outcomes=outcomes, base_group=True, drop_zero_items=False
+    )
     assert base[7] == pytest.approx(1 / 3)  # only the episode item (weight 1)
     assert base[0] == pytest.approx((1 / 3 + 2 * -1) / 3)
     with pytest.raises(ValueError, match="outcomes"):
@@ -117,7 +121,7 @@ def test_hgpo_row_order_and_estimator():
     rows = {k: np.asarray(v, dtype=object if k != "returns" else float)[perm] for k, v in HGPO_ROWS.items()}
     rows["steps"] = rows["steps"].astype(int)
     np.testing.assert_allclose(hgpo_advantage(**rows), hgpo_advantage(**HGPO_ROWS)[perm])
-    out = get_estimator("hgpo")([_group()], mode="mean_norm")
+    out = get_estimator("hgpo")([_group()], mode="mean_norm", obs_key="state")
     # Level 0 = GiGPO's anchor term (+-0.475 at t = 0); level 1 needs 2 matching steps: none. No episode term.
     assert [a.tolist() for seg in out[0] for a in seg] == [[0.475] * 2, [0.0] * 3]
     assert get_estimator("hgpo").params is not None and "history" in get_estimator("hgpo").params

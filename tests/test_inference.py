@@ -13,7 +13,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from horizonrl.inference import Engine, HFEngine, SamplingParams
-from horizonrl.inference.hf import _draw, _StopWatcher
+from horizonrl.inference.hf import _draw
+from horizonrl.inference.stops import StopWatcher, first_stop
 
 VOCAB = 300
 TOL = 1e-4
@@ -302,10 +303,11 @@ def test_stop_watcher_incremental_utf8():
     ids = hf.encode(text)
     assert hf.decode(ids) == text
     for stop in ["日本", "ö", "</tool>", "✓✓", "→ 日", "end", "missing"]:
-        watcher = _StopWatcher(hf, ("zzz", stop))
+        watcher = StopWatcher(hf, ("zzz", stop))
         got = next((k for k in range(1, len(ids) + 1) if watcher.push(ids[:k]) == stop), None)
         want = next((k for k in range(1, len(ids) + 1) if stop in hf.decode(ids[:k])), None)
         assert got == want, stop
+        assert first_stop(hf, ids, ("zzz", stop)) == (None if want is None else (want, stop))
 
 
 @pytest.mark.parametrize(("scale", "top_p"), [(2.0, 0.6), (0.3, 0.97)])
@@ -321,7 +323,7 @@ def test_sampler_frequencies(model, tokenizer, scale, top_p):
     cases = [(SamplingParams(), probs), (SamplingParams(top_p=top_p), torch.zeros(vocab))]
     cases[1][1][nucleus] = probs[nucleus] / probs[nucleus].sum()
     for params, want in cases:
-        tokens, logprobs = engine._sample(logits.expand(n, vocab), params)
+        tokens, logprobs, _ = engine._sample(logits.expand(n, vocab), params)
         freq = torch.bincount(tokens, minlength=vocab).double() / n
         assert (freq - want).abs().max() < 0.015
         assert freq[want == 0].sum() == 0

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,10 +150,11 @@ def test_malformed_actions_give_error_observations(action, role, fragment):
     assert run_expert(env, task, random.Random(0))[-1][1].success
 
 
-def test_hostile_programs_are_tool_errors_and_the_env_keeps_working(tmp_path):
+def test_hostile_programs_are_tool_errors_and_the_env_keeps_working():
     env = MathPythonEnv(timeout_s=20.0, cpu_s=1, memory_mb=128, max_output_chars=500, max_steps=20)
     task = env.tasks(1, seed=5)[0]
-    outside = tmp_path / "outside.txt"
+    # not under /tmp: bwrap gives the program a private /tmp, where a path there would merely not exist
+    outside = Path(__file__).with_name(f"outside-{os.getpid()}.txt")
     programs = {
         "while True:\n    pass": "cpu_limit",
         "x = bytearray(1 << 34)": "memory_limit",

@@ -233,13 +233,21 @@ def test_loop_reconstructs_with_exact_prompts_spans_and_rollback(renderer, tok):
     n_rec = kinds.count("selection")
     m = rollout.env["metrics"]
     assert m["splits"] == n_rec == m["rolled_back"] and m["split"] == 1.0 and m["segments"] == n_rec + 1
-    # Every recorded prompt/response is exactly one the engine saw; the only unrecorded generations are
-    # the rolled-back overflow turns, one per reconstruction.
+    # Every recorded prompt/response is exactly one the engine saw. The overflow turn of each
+    # reconstruction is rolled back in the env but kept (Alg. 1), for its finding: one per reconstruction.
     recorded = [(t.prompt_ids, t.response_ids) for t in rollout.turns]
     assert all(pair in engine.log for pair in recorded)
-    assert len(engine.log) - len(recorded) == n_rec
+    assert len(engine.log) == len(recorded)
+    assert sum(bool(t.info.get("rolled_back")) for t in rollout.turns) == n_rec
+    # Without keep_overflow_finding those turns are not recorded at all (the spec's literal reading).
+    old, _, old_engine = _run(renderer, params={"keep_overflow_finding": False})
+    assert len(old_engine.log) - len(old.turns) == n_rec and not any(
+        t.info.get("rolled_back") for t in old.turns
+    )
     # Rolled back: at each selection the env is as it was before the overflow turn (one search per turn).
-    agent = [t for s in rollout.segments if s.kind == "normal" for t in s.turns]
+    agent = [
+        t for s in rollout.segments if s.kind == "normal" for t in s.turns if not t.info.get("rolled_back")
+    ]
     assert ep.agent_turns == len(agent) == 5 and m["tool_turns"] == 4
     for searched, env_turns in engine.env_at_selection:
         assert env_turns == len(searched) and searched == chain[: len(searched)]
@@ -255,6 +263,10 @@ def test_loop_reconstructs_with_exact_prompts_spans_and_rollback(renderer, tok):
                 continue
             by = {s.label: s for s in turn.spans}
             text = {lab: _decode(tok, turn.response_ids[s.start : s.end]) for lab, s in by.items()}
+            if turn.info.get("rolled_back"):  # its finding completes the last record; its action is undone
+                assert by["finding"].source_turn == sources - 1 and by["action"].source_turn is None
+                assert turn.tool_calls == 0 and turn.observation is None
+                continue
             if "finding" in by:
                 assert by["finding"].source_turn == sources - 1
                 assert text["finding"].startswith(SUM_OPEN) and text["finding"].endswith(SUM_CLOSE)
@@ -297,7 +309,7 @@ def test_rebuilt_context_renders_selected_findings_and_no_hint(renderer, tok):
     assert first.prompt_ids == expected
     # The selection prompt extends the working context it interrupts, token for token.
     sel = rollout.segments[1].turns[0]
-    seg0_last = rollout.segments[0].turns[-1]
+    seg0_last = [t for t in rollout.segments[0].turns if not t.info.get("rolled_back")][-1]
     assert sel.prompt_ids[: len(seg0_last.prompt_ids) + seg0_last.num_response_tokens] == (
         seg0_last.prompt_ids + seg0_last.response_ids
     )
@@ -430,4 +442,5 @@ def test_tiny_model_loop_records_what_the_model_saw(tok, renderer, one_thread):
                 assert len(t.prompt_ids) + 24 <= 520 or seg.kind == "selection"
                 assert sorted((s.start, s.end) for s in t.spans)[-1][1] == t.num_response_tokens
     # Every generation the model made is a recorded turn, or one of the rolled-back overflow turns.
-    assert len(seen) == sum(r.num_turns + r.env["metrics"]["rolled_back"] for r in rollouts)
+    kept = sum(bool(t.info.get("rolled_back")) for r in rollouts for t in r.turns)
+    assert len(seen) == sum(r.num_turns + r.env["metrics"]["rolled_back"] for r in rollouts) - kept

@@ -145,11 +145,10 @@ def test_discarded_turn_is_rolled_back_in_the_env(model_tok):
         return format_tool_call("search", {"query": task.meta["chain"][len(seen) - 1]})
 
     r, task, _, _ = _run(tok, policy)
-    # Unparsable summary -> forced answer, one final generation, graded.
-    assert [s.kind for s in r.segments] == ["normal", "compaction"] + (
-        ["normal"] if len(r.segments) > 2 else []
-    )
-    assert not r.segments[1].info["accepted"]
+    # Unparsable summary -> forced answer, one final generation, graded. The failed attempt is not a
+    # session (not counted, not trained); it is recorded on the session it tried to compact.
+    assert [s.kind for s in r.segments] == ["normal"]
+    assert [f["response_text"] for f in r.segments[0].info["failed_compactions"]] == ["no summary here"]
     final = r.segments[0].turns[-1]
     assert FORCED_ANSWER_MESSAGE in tok.decode(final.prompt_ids)
     assert r.success and r.termination == "done"
@@ -158,6 +157,10 @@ def test_discarded_turn_is_rolled_back_in_the_env(model_tok):
     assert len(kept) == len(seen) - 1
     discarded_entity = task.meta["chain"][len(seen) - 1]
     assert f'"{discarded_entity}"' not in tok.decode(final.prompt_ids)
+    seen.clear()
+    kept_failed, *_ = _run(tok, policy, cparams={"keep_failed": True})  # the ablation keeps it
+    assert [s.kind for s in kept_failed.segments] == ["normal", "compaction"]
+    assert not kept_failed.segments[1].info["accepted"]
 
 
 def test_budget_exhausted_forces_answer_without_compaction(model_tok):

@@ -92,9 +92,8 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
     # Both arms share the start evaluation (same policy, agent and evaluation draws).
     assert res["arms"]["grpo"]["start"] == res["arms"]["rloo"]["start"]
     c = res["comparisons"][0]
-    want = [
-        res["arms"]["rloo"]["seeds"][i]["pass@1"] - res["arms"]["grpo"]["seeds"][i]["pass@1"] for i in range(2)
-    ]
+    arms = res["arms"]
+    want = [arms["rloo"]["seeds"][i]["pass@1"] - arms["grpo"]["seeds"][i]["pass@1"] for i in range(2)]
     assert c["diffs"] == pytest.approx(want)
     assert c["t"]["mean"] == pytest.approx(sum(want) / 2)
     page = (tmp_path / "results" / "mini.md").read_text()

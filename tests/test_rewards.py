@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from horizonrl import rewards
+from horizonrl import math_answer
 from horizonrl.rewards import (
     exact_match,
     extract_math_answer,
@@ -131,7 +131,7 @@ def test_math_not_equivalent(pred, gold):
 
 def test_math_equivalent_without_sympy(monkeypatch):
     """The rational parser alone handles numbers, fractions and arithmetic; symbols then compare as text."""
-    monkeypatch.setattr(rewards, "_sympy_equal", lambda a, b: None)
+    monkeypatch.setattr(math_answer, "_sympy_equal", lambda a, b, timeout_s=None: None)
     assert math_equivalent("\\frac{2}{4} + 0.25", "3/4")
     assert math_equivalent("(1+2)^2", "9")
     assert math_equivalent("2 \\cdot 3", "6")
@@ -153,11 +153,13 @@ def test_math_equivalent_without_sympy(monkeypatch):
 def test_math_equivalent_never_evaluates_code_and_stays_fast(pred):
     start = time.perf_counter()
     assert not math_equivalent(pred, "1")
-    assert time.perf_counter() - start < 2.0
+    assert (
+        time.perf_counter() - start < 5.0
+    )  # a hang guard (the budget itself is tested in test_rewards_fuzz)
 
 
 def test_registry():
-    assert {"exact_match", "token_f1", "math"} <= set(list_rewards())
+    assert {"exact_match", "token_f1", "math", "math_equivalent"} <= set(list_rewards())
     assert get_reward("exact_match") is exact_match
     assert get_reward("math")("\\boxed{0.5}", ["1/3", "1/2"]) == 1.0
     assert get_reward("math")("0.5", ["1/3"]) == 0.0

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from horizonrl.envs import get_env, make_env
-from horizonrl.envs.common import normalize_answer
 from horizonrl.envs.search import SearchEnv, load_corpus, load_questions
 from horizonrl.envs.search.corpus import BUILTIN_FILES
 from horizonrl.envs.search.embed import DIM, embed
@@ -29,6 +28,7 @@ from horizonrl.envs.search.index import (
     open_index,
 )
 from horizonrl.envs.tools import format_tool_call
+from horizonrl.rewards import normalize_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "make_search_corpus.py"
@@ -583,7 +583,7 @@ def test_shipped_questions_follow_their_chains():
     assert sorted(q["hops"] for q in questions) == sorted([1, 2, 3, 4] * 100)
     for q in questions:
         assert len(q["gold_docs"]) == len(q["queries"]) == len(q["relations"]) == q["hops"]
-        assert normalize_answer(q["answer"]) not in normalize_answer(q["question"])
+        assert normalize_text(q["answer"]) not in normalize_text(q["question"])
         assert q["queries"][0].strip('"') in q["question"] or f'"{q["queries"][0]}"' in q["question"]
         for i, doc_id in enumerate(q["gold_docs"]):
             assert docs[doc_id]["title"] == q["queries"][i]

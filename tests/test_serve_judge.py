@@ -167,7 +167,31 @@ def test_sampling_n_seed_stop_and_tool_messages(server):
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+        ({"messages": [{"role": "user", "content": "x"}], "seed": 2**64}, "seed"),
+        ({"messages": [{"role": "user", "content": "x"}], "seed": -(2**63) - 1}, "seed"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "search"}}],
+                "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+            },
+            "tool_choice.function.name",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}}, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 16, "max_tokens": 513}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 17}, "n"),
         (
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
             "tools.0.function",
@@ -180,6 +204,35 @@ def test_validation_errors_are_400_naming_the_field(server, payload, field):
     err = r.json()["error"]
     assert err["param"] == field
     assert err["message"].startswith(field + ":")
+
+
+_M = '"messages": [{"role": "user", "content": "x"}]'
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("{" + _M + ', "seed": ' + "9" * 5000 + "}", "body"),  # over Python's int-parsing limit
+        ("[" * 20000 + "]" * 20000, "body"),  # deep nesting
+        ("{" + _M + ', "temperature": NaN}', "temperature"),
+        ("{" + _M + ', "top_p": Infinity}', "top_p"),
+        ("{" + _M + ', "n": true}', "n"),
+        ("{" + _M + ', "max_tokens": 1.5}', "max_tokens"),
+        ("[1, 2]", "body"),
+        ('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages.0.content"),
+        ("{" + _M + ', "stop": 5}', "stop"),
+    ],
+)
+def test_raw_bodies_are_400_naming_the_field(server, body, field):
+    r = httpx.post(server + "/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["message"].startswith(field + ":")
+
+
+def test_unknown_path_is_a_404_in_the_openai_format(server):
+    r = httpx.post(server + "/completions", json={"prompt": "x"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "path"
 
 
 def test_unknown_model_is_404_and_client_raises_request_error(server):
@@ -551,3 +604,50 @@ def test_chat_endpoint_knob_becomes_a_bound_chat_callable():
     assert chat.func.__self__.__class__.__name__ == "ChatClient" and chat.keywords == {"temperature": 0.5}
     with pytest.raises(ValueError, match="unknown chat endpoint settings"):
         resolve_knobs({"user_chat": {"chat_endpoint": "http://x/v1", "model": "m", "bogus": 1}})
+
+
+def test_openai_client_streams_tool_calls_and_forced_tool_choice(scripted):
+    openai = pytest.importorskip("openai")
+    from horizonrl.models import ChatRenderer
+
+    url, engine, tok, _ = scripted
+    msgs = [{"role": "user", "content": "Who is Ana?"}]
+    reply = (
+        'Let me look.\n<tool_call>{"name": "search", "arguments": {"query": "Ana"}}</tool_call>\n'
+        '<tool_call>{"name": "search", "arguments": {"query": "Bo"}}</tool_call>'
+    )
+    engine.replies += [reply, reply]
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+    full = client.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+    content, calls, reasons = [], {}, []
+    for chunk in client.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS, stream=True):
+        for c in chunk.choices:
+            content.append(c.delta.content or "")
+            for tc in c.delta.tool_calls or []:
+                calls.setdefault(tc.index, []).append(tc)
+            reasons += [c.finish_reason] if c.finish_reason else []
+    assert "".join(content) == full.choices[0].message.content == "Let me look."
+    assert reasons == ["tool_calls"] == [full.choices[0].finish_reason]
+    streamed = [(c[0].function.name, json.loads(c[0].function.arguments)) for _, c in sorted(calls.items())]
+    assert streamed == [("search", {"query": "Ana"}), ("search", {"query": "Bo"})]
+    assert all(c[0].id.startswith("call_") and c[0].type == "function" for c in calls.values())
+
+    base_prompt = ChatRenderer(tok).initial_ids(msgs, TOOLS)
+    opening = '<tool_call>{"name": "search", "arguments": '
+    engine.replies += ['{"query": "Cy"}}</tool_call>', '{"name": "search", "arguments": {}}</tool_call>']
+    named = client.chat.completions.create(
+        model="scripted",
+        messages=msgs,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "search"}},
+    )
+    assert engine.prompts[-1] == base_prompt + tok.encode(opening, add_special_tokens=False)
+    (call,) = named.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("search", {"query": "Cy"})
+    assert named.choices[0].message.content is None and named.choices[0].finish_reason == "tool_calls"
+    required = client.chat.completions.create(
+        model="scripted", messages=msgs, tools=TOOLS, tool_choice="required"
+    )
+    assert engine.prompts[-1] == base_prompt + tok.encode("<tool_call>", add_special_tokens=False)
+    (call,) = required.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("search", {})

@@ -1,12 +1,15 @@
-"""``horizonrl`` command line: train, sft, eval, demos, quickstart, view, and listings."""
+"""``horizonrl`` command line: train, sft, eval, demos, quickstart, view, plot, and listings."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import warnings
+from pathlib import Path
 
 from horizonrl.config import ConfigError, describe, load_config
+from horizonrl.errors import HorizonWarning, is_user_error
 
 
 def _cmd_train(args) -> int:
@@ -14,7 +17,10 @@ def _cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     trainer = make_trainer(cfg, resume=args.resume)
-    records = trainer.fit()
+    try:
+        records = trainer.fit()
+    finally:
+        trainer.close()
     last = records[-1] if records else {}
     print(json.dumps({k: v for k, v in last.items() if k.startswith(("eval/pass", "step", "success"))}))
     return 0
@@ -38,9 +44,26 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_demos(args) -> int:
+    from horizonrl.jsonl import loads
     from horizonrl.train.bootstrap import generate_demos, write_demos
+    from horizonrl.train.checks import check_env_knobs
 
-    knobs = json.loads(args.knobs) if args.knobs else {}
+    knobs = {}
+    if args.knobs:
+        try:
+            knobs = loads(args.knobs)
+        except ValueError as e:
+            raise ConfigError(f"--knobs {args.knobs!r}: not valid JSON ({getattr(e, 'msg', e)})") from None
+        if not isinstance(knobs, dict):
+            raise ConfigError(f"--knobs {args.knobs!r}: must be a JSON object of knob names to values")
+    for name, value, lo, hi in (("--n", args.n, 1, 10**7), ("--max-turns", args.max_turns, 1, 10**5)):
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name}={value}: must be in [{lo}, {hi}]")
+    if not 0.0 <= args.noise <= 1.0:
+        raise ConfigError(f"--noise={args.noise}: must be in [0, 1]")
+    if not 0 <= args.seed <= 2**32 - 1:
+        raise ConfigError(f"--seed={args.seed}: must be in [0, 2**32 - 1]")
+    check_env_knobs(args.env, knobs, field="--knobs", name_field="--env")
     demos = generate_demos(
         args.env, args.n, seed=args.seed, noise=args.noise, max_turns=args.max_turns, knobs=knobs
     )
@@ -53,7 +76,9 @@ def _cmd_demos(args) -> int:
 def _cmd_quickstart(args) -> int:
     from horizonrl.train.recipes import quickstart
 
-    quickstart(out_dir=args.out, overrides=args.overrides)
+    res = quickstart(out_dir=args.out, overrides=args.overrides)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 
@@ -67,7 +92,10 @@ def _cmd_reproduce(args) -> int:
             p = get_paper(name)
             print(f"{name:10s} {p.title} ({len(p.arms)} arms: {', '.join(a.name for a in p.arms)})")
         return 0
-    paper = get_paper(args.name)
+    try:
+        paper = get_paper(args.name)
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
     settings = Settings(
         seeds=args.seeds if args.seeds is not None else paper.seeds,
         jobs=args.jobs,
@@ -80,7 +108,10 @@ def _cmd_reproduce(args) -> int:
     )
     if settings.arms:
         for a in settings.arms:
-            paper.arm(a)  # KeyError naming the known arms
+            try:
+                paper.arm(a)
+            except KeyError as e:
+                raise ConfigError(f"--arms: {e.args[0]}") from None
     try:
         reproduce(
             paper,
@@ -96,20 +127,56 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_view(args) -> int:
-    from horizonrl.trajectory import read_jsonl
+    path = Path(args.path)
+    if path.is_file():
+        if args.serve:
+            print("horizonrl: error: view --serve takes a run directory, not a file", file=sys.stderr)
+            return 2
+        from horizonrl.viz.text import print_rollouts
 
-    for i, r in enumerate(read_jsonl(args.file)):
-        if args.index is not None and i != args.index:
-            continue
-        print(
-            f"=== rollout {r.uid} task={r.task_id} reward={r.reward} success={r.success} end={r.termination}"
-        )
-        for si, seg in enumerate(r.segments):
-            print(f"--- segment {si} ({seg.kind})")
-            for ti, t in enumerate(seg.turns):
-                print(f"[turn {ti}] assistant ({len(t.response_ids)} tokens): {t.response_text}")
-                if t.observation is not None:
-                    print(f"[turn {ti}] observation: {t.observation}")
+        print_rollouts(path, index=args.index)
+        return 0
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is neither a rollouts file nor a run directory")
+    if args.serve:
+        from horizonrl.viz.serve import serve
+
+        if not 0 <= args.port <= 65535:
+            print(f"horizonrl: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+            return 2
+        serve(path, port=args.port, tokenizer=args.tokenizer)
+        return 0
+    from horizonrl.viz.html import write_html
+
+    out, problems = write_html(path, args.out, tokenizer=args.tokenizer)
+    for p in problems:
+        print(f"horizonrl: warning: {p}", file=sys.stderr)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB); open it in a browser")
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("horizonrl: error: plot needs matplotlib: pip install 'horizonrl[viewer]'", file=sys.stderr)
+        return 2
+    from horizonrl.viz.plot import plot_runs
+
+    for d in args.runs:
+        if not (Path(d) / "metrics.jsonl").is_file():
+            raise FileNotFoundError(f"{d}: no metrics.jsonl (is it a run directory?)")
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
+    out = args.out or str(Path(args.runs[0]) / "plots" / "curves")
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    try:
+        paths = plot_runs(args.runs, out, keys=keys, labels=labels, formats=formats, smooth=args.smooth)
+    except ValueError as e:
+        print(f"horizonrl: error: {e}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(f"wrote {p}")
     return 0
 
 
@@ -128,6 +195,8 @@ def _cmd_estimators(args) -> int:
     for name in credit.list_estimators():
         spec = credit.get_estimator(name)
         print(f"{name:12s} loss_agg={spec.loss_agg_mode:26s} {spec.description}")
+        if spec.agg_source:
+            print(f"{'':12s} (aggregation: {spec.agg_source})")
     return 0
 
 
@@ -142,8 +211,9 @@ def _cmd_serve(args) -> int:
     except ImportError as e:  # fastapi/uvicorn are the optional "serve" extra
         print(f"horizonrl: error: {e}", file=sys.stderr)
         return 2
-    if not 0 <= args.port <= 65535:
-        print(f"horizonrl: error: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+    error = _check_server_args(args)
+    if error:
+        print(f"horizonrl: error: {error}", file=sys.stderr)
         return 2
     serve(
         args.model,
@@ -155,10 +225,94 @@ def _cmd_serve(args) -> int:
         seed=args.seed,
         max_batch_size=args.max_batch_size,
         default_max_tokens=args.max_tokens,
+        max_request_tokens=args.max_request_tokens,
+        slice_tokens=args.slice_tokens,
         cache_dir=args.cache_dir,
         log_level=args.log_level,
     )
     return 0
+
+
+def _cmd_gateway(args) -> int:
+    if args.config is not None or args.overrides:  # trainer mode
+        from horizonrl.train.trainers import make_trainer
+
+        if args.model is not None:
+            args.overrides = [args.model, *args.overrides]  # argparse put the first override there
+        cfg = load_config(args.config, [*args.overrides, "train.trainer=gateway"])
+        try:
+            records = make_trainer(cfg, resume=args.resume).fit()
+        except RuntimeError as e:  # e.g. every episode of a step was dropped
+            print(f"horizonrl: error: {e}", file=sys.stderr)
+            return 1
+        last = records[-1] if records else {}
+        print(json.dumps({k: v for k, v in last.items() if k.startswith(("eval/", "step", "gateway/"))}))
+        return 0
+    if args.model is None:
+        print("horizonrl: error: gateway needs MODEL (record only) or --config (train)", file=sys.stderr)
+        return 2
+    try:
+        from horizonrl.serve import serve_gateway
+    except ImportError as e:
+        print(f"horizonrl: error: {e}", file=sys.stderr)
+        return 2
+    error = _check_server_args(args)
+    if error:
+        print(f"horizonrl: error: {error}", file=sys.stderr)
+        return 2
+    serve_gateway(
+        args.model,
+        args.host,
+        args.port,
+        out_dir=args.out,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_batch_size=args.max_batch_size,
+        default_max_tokens=args.max_tokens,
+        max_request_tokens=args.max_request_tokens,
+        slice_tokens=args.slice_tokens,
+        cache_dir=args.cache_dir,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def _check_server_args(args) -> str | None:
+    if not 0 <= args.port <= 65535:
+        return f"--port must be in [0, 65535], got {args.port}"
+    for flag in ("max_batch_size", "max_tokens", "max_request_tokens", "slice_tokens"):
+        if getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+    return None
+
+
+def _server_args(sp) -> None:
+    """Flags shared by ``serve`` and ``gateway``."""
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--model-name", default=None, help="name clients send as 'model' (default: from MODEL)")
+    sp.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    sp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    sp.add_argument("--seed", type=int, default=0, help="sampling seed (a request's 'seed' overrides it)")
+    sp.add_argument("--max-batch-size", type=int, default=16, help="rows per generation batch")
+    sp.add_argument("--max-tokens", type=int, default=512, help="max_tokens of requests that give none")
+    sp.add_argument(
+        "--max-request-tokens", type=int, default=8192, help="cap on n x max_tokens of one request"
+    )
+    sp.add_argument(
+        "--slice-tokens",
+        type=int,
+        default=32,
+        help="decode steps per engine call; requests take turns between slices",
+    )
+    sp.add_argument(
+        "--cache-dir", default=None, help="where 'tiny' is built (default ~/.cache/horizonrl/tiny)"
+    )
+    sp.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,24 +349,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="OpenAI-compatible chat-completions server for a model")
     sp.add_argument("model", help="'tiny', 'smollm2', a model directory, a checkpoint or a run directory")
-    sp.add_argument("--host", default="127.0.0.1")
-    sp.add_argument("--port", type=int, default=8000)
-    sp.add_argument("--model-name", default=None, help="name clients send as 'model' (default: from MODEL)")
-    sp.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
-    sp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    sp.add_argument("--seed", type=int, default=0, help="sampling seed (a request's 'seed' overrides it)")
-    sp.add_argument("--max-batch-size", type=int, default=16, help="rows per generation batch")
-    sp.add_argument("--max-tokens", type=int, default=512, help="max_tokens of requests that give none")
-    sp.add_argument(
-        "--cache-dir", default=None, help="where 'tiny' is built (default ~/.cache/horizonrl/tiny)"
-    )
-    sp.add_argument(
-        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace")
-    )
+    _server_args(sp)
     sp.set_defaults(fn=_cmd_serve)
+
+    sp = sub.add_parser(
+        "gateway",
+        help="recording OpenAI-compatible gateway: MODEL records episodes; --config trains a harness",
+    )
+    sp.add_argument("model", nargs="?", default=None, help="model to serve (record-only mode), as for serve")
+    sp.add_argument("--config", "-c", default=None, help="YAML config: train the configured harness")
+    sp.add_argument("--resume", action="store_true", help="resume training from the latest checkpoint")
+    sp.add_argument("--out", default="runs/gateway", help="record-only mode: where rollouts.jsonl goes")
+    _server_args(sp)
+    sp.add_argument("overrides", nargs="*", help="section.field=value overrides (trainer mode)")
+    sp.set_defaults(fn=_cmd_gateway)
 
     sp = sub.add_parser("quickstart", help="tiny model: SFT warm start, GRPO, before/after table")
     sp.add_argument("--out", default="runs/quickstart")
+    sp.add_argument("--json", default=None, help="also write the before/after metrics to this JSON file")
     sp.add_argument("overrides", nargs="*", help="section.field=value overrides of the quickstart config")
     sp.set_defaults(fn=_cmd_quickstart)
 
@@ -230,10 +384,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--report-only", action="store_true", help="rebuild the page from finished runs")
     sp.set_defaults(fn=_cmd_reproduce)
 
-    sp = sub.add_parser("view", help="print rollouts from a rollouts/*.jsonl file")
-    sp.add_argument("file")
-    sp.add_argument("--index", type=int, default=None)
+    sp = sub.add_parser(
+        "view",
+        help="view rollouts: a rollouts/*.jsonl file as text, a run directory as HTML (or --serve it)",
+    )
+    sp.add_argument("path", help="a rollouts/step_N.jsonl file (text) or a run directory (HTML viewer)")
+    sp.add_argument("--index", type=int, default=None, help="text mode: only the rollout with this index")
+    sp.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/viewer.html)")
+    sp.add_argument("--serve", action="store_true", help="serve the viewer on http://127.0.0.1:PORT/")
+    sp.add_argument("--port", type=int, default=8765, help="port for --serve (0 = any free port)")
+    sp.add_argument("--tokenizer", default=None, help="tokenizer directory if the run has none")
     sp.set_defaults(fn=_cmd_view)
+
+    sp = sub.add_parser("plot", help="learning curves (PNG + SVG) of one or more run directories")
+    sp.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    sp.add_argument("--out", default=None, help="output path without suffix (default RUN_DIR/plots/curves)")
+    sp.add_argument(
+        "--keys",
+        default=None,
+        help="comma-separated panels or metric keys (default: reward,pass@1,sessions,ratio,kl,tokens/s,time)",
+    )
+    sp.add_argument("--labels", default=None, help="comma-separated legend labels, one per run")
+    sp.add_argument("--formats", default="png,svg", help="comma-separated image formats")
+    sp.add_argument("--smooth", type=float, default=0.0, help="EMA smoothing factor in [0, 1)")
+    sp.set_defaults(fn=_cmd_plot)
 
     sub.add_parser("envs", help="list environments").set_defaults(fn=_cmd_envs)
     sub.add_parser("estimators", help="list credit estimators").set_defaults(fn=_cmd_estimators)
@@ -249,15 +423,35 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _warning_printer(default):
+    """``warnings.showwarning`` that prints a HorizonWarning as one ``horizonrl: warning:`` line."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, HorizonWarning):
+            print(f"horizonrl: warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. A user error (:data:`horizonrl.errors.USER_ERRORS`: a bad config value, data
+    file or checkpoint, a missing file, a full disk) prints ``horizonrl: error: ...`` and returns 2;
+    anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
     _quiet_transformers()
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_printer(shown)
     try:
         return args.fn(args)
-    except (ConfigError, KeyError, FileNotFoundError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"horizonrl: error: {msg}", file=sys.stderr)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        print(f"horizonrl: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,10 +8,12 @@ paragraph; we put the question, ground truth and prediction on their own lines, 
 answer list needs anyway.)
 
 The prompt asks the judge to "Reply with only a number: 1 if correct, 0 if incorrect", so the verdict
-is parsed strictly (:func:`parse_verdict`): after removing a ``<think>...</think>`` block, whitespace
-and decoration (quotes, ``*``, backticks, a trailing period), the reply must be ``1`` or ``0``, or
-begin with that digit followed by whitespace or ``,;:!)]`` (``1\\nThe answers match``). Anything else is not a
-"1", so it scores 0 (incorrect) and is flagged ``parsed=False``.
+is parsed strictly (:func:`parse_verdict`): after removing every ``<think>...</think>`` block,
+whitespace and decoration (quotes, ``*``, backticks, a trailing period), the reply must be ``1`` or
+``0``, or begin with that digit followed by whitespace or ``,;:!)]`` (``1\\nThe answers match``).
+Anything else is not a "1", so it scores 0 (incorrect) and is flagged ``parsed=False``; so is
+``None`` or a non-string reply. The parser reads the first ``textparse.MAX_TEXT_CHARS`` characters
+and runs in linear time.
 
 Verdicts are cached on disk as JSON lines keyed by (question, gold answers, prediction, judge
 model), so a repeated judgement never reaches the endpoint; endpoint errors are raised
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.inference.openai_client import ChatClient
+from horizonrl.jsonl import append_jsonl, read_jsonl
+from horizonrl.textparse import cap_text, strip_think
 
 __all__ = ["MOSAIC_JUDGE_PROMPT", "JudgeVerdict", "LLMJudge", "format_ground_truth", "parse_verdict"]
 
@@ -44,7 +48,7 @@ MOSAIC_JUDGE_PROMPT = (
     "Predicted Answer:{answer}"
 )
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_VERDICT = re.compile(r"([01])(?=[\s,;:!)\]])")
 _DECORATION = " \t\r\n\"'`*.:"
 
 
@@ -62,10 +66,10 @@ class JudgeVerdict:
 
 def parse_verdict(reply: str | None) -> tuple[bool, bool]:
     """``(correct, parsed)`` for a judge reply (rules in the module docstring)."""
-    text = _THINK.sub("", reply or "").strip(_DECORATION)
+    text = strip_think(cap_text(reply if isinstance(reply, str) else None)).strip(_DECORATION)
     if text in ("1", "0"):
         return text == "1", True
-    m = re.match(r"([01])(?=[\s,;:!)\]])", text)
+    m = _VERDICT.match(text)
     if m is not None:
         return m.group(1) == "1", True
     return False, False
@@ -120,17 +124,14 @@ class LLMJudge:
             self._load_cache(self.cache_path)
 
     def _load_cache(self, path: Path) -> None:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                    self._cache[entry["key"]] = entry
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ValueError(
-                        f"{path}:{lineno}: not a judge cache entry: {line.strip()[:120]}"
-                    ) from None
+        """Entries of a cache file (:func:`horizonrl.jsonl.read_jsonl`: a torn last line, as a killed
+        writer leaves it, is skipped with a warning; any other bad line is a DataError naming it)."""
+        for rec in read_jsonl(path, what="judge cache entries"):
+            key = rec.get("key", str)
+            rec.get("correct", bool)
+            rec.get("raw", str)
+            rec.get("parsed", bool)
+            self._cache[key] = rec.value
 
     @staticmethod
     def cache_key(question: str, gold: str | Sequence[str], prediction: str, model: str) -> str:
@@ -179,8 +180,7 @@ class LLMJudge:
             self._cache[key] = entry
             if self.cache_path is not None:
                 self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.cache_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                append_jsonl(self.cache_path, entry)
         return verdict
 
     def reward(self, question: str, gold: str | Sequence[str], prediction: str | None) -> float:

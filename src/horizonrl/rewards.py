@@ -1,38 +1,47 @@
-"""Answer rewards: exact match, token F1 and math answer equivalence (pure functions, no model).
+"""Answer rewards: exact match, token F1, math equivalence, the LLM judge, and ``env.reward`` specs.
 
-- :func:`normalize_text` is SQuAD-style normalization (Unicode NFKC, lowercase, punctuation and
-  the articles *a/an/the* removed, whitespace collapsed).
+- :func:`normalize_text` is the package's one answer normalizer, SQuAD style (Unicode NFKC,
+  lowercase, punctuation and the articles *a/an/the* removed, whitespace collapsed).
 - :func:`exact_match` / :func:`token_f1` score a prediction against one gold answer or a list of
   aliases (the best alias counts).
-- :func:`math_equivalent` decides whether two math answers are the same value: it takes the last
-  ``\\boxed{...}`` (or ``#### x``) of each side, strips LaTeX dressing (``$``, ``\\left``, ``\\text``
-  units, degrees), and compares numbers, fractions (``3/4``, ``\\frac{3}{4}``, ``\\frac34``),
-  decimals, percentages (``50%`` equals ``50`` and ``0.5``), tuples/intervals (ordered), sets and bare
-  lists (unordered), and, through SymPy when it is importable, symbolic expressions
-  (``\\sqrt{2}/2`` equals ``1/\\sqrt{2}``). Without SymPy a small exact rational parser is used.
-  Model text is never ``eval``-ed: SymPy only sees strings made of digits, operators, single-letter
-  symbols and a few whitelisted function names.
+- :func:`math_equivalent` (:mod:`horizonrl.math_answer`) decides whether two math answers are the
+  same value, with SymPy in a worker process under a hard time limit.
 
 Rewards are registered by name (``@register_reward("name")``) so environments and configs can pick
-one with :func:`get_reward`; every registered reward is ``fn(prediction, golds) -> float in [0, 1]``.
+one with :func:`get_reward`; every registered reward is ``fn(prediction, golds) -> float``.
+:func:`make_reward` turns an ``env.reward`` spec into an :class:`AnswerReward`
+(``reward(prediction, golds, question) -> float``): a registered name (``exact_match``,
+``token_f1``, ``math_equivalent``), ``judge`` (:class:`horizonrl.judge.LLMJudge` against an
+OpenAI-compatible endpoint, checked for reachability at construction), or ``module:function`` /
+``path/to/file.py:function`` (a user function ``fn(prediction, golds, **params)``, also given
+``question=`` when it accepts it).
 """
 
 from __future__ import annotations
 
-import re
+import inspect
+import math
+import os
 import string
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
-from fractions import Fraction
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from horizonrl.math_answer import DEFAULT_TIMEOUT_S, extract_math_answer, math_equivalent
+from horizonrl.userimport import UserImportError, load_object
 
 __all__ = [
+    "AnswerReward",
+    "RewardConfigError",
     "UnknownRewardError",
     "exact_match",
     "extract_math_answer",
     "get_reward",
     "list_rewards",
+    "make_reward",
     "math_equivalent",
     "math_reward",
     "normalize_text",
@@ -136,351 +145,183 @@ def token_f1(pred: str | None, golds: str | Sequence[str]) -> float:
 # -- math answers ----------------------------------------------------------------------------------------
 
 
-def _braced(text: str, start: int) -> tuple[str, int] | None:
-    """Content of the ``{...}`` group opening at ``text[start]`` and the index after it (None if open)."""
-    if start >= len(text) or text[start] != "{":
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-    return None
+@register_reward("math")
+@register_reward("math_equivalent")
+def math_reward(
+    pred: str | None, golds: str | Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> float:
+    """1.0 if :func:`math_equivalent` holds for any gold alias, else 0.0 (``timeout_s``: SymPy budget)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 600:
+        raise ValueError(f"math_equivalent: timeout_s must be a number in (0, 600], got {timeout_s!r}")
+    return float(any(math_equivalent(pred, g, timeout_s=timeout_s) for g in _golds(golds)))
 
 
-def extract_math_answer(text: str | None) -> str:
-    """The answer part of ``text``: the last ``\\boxed{..}``/``\\fbox{..}``, else what follows the last
-    ``####`` (GSM8K style), else the whole text, stripped."""
-    if text is None:
-        return ""
-    text = str(text)
-    for macro in ("\\boxed", "\\fbox"):
-        i = text.rfind(macro)
-        if i >= 0:
-            j = i + len(macro)
-            while j < len(text) and text[j] == " ":
-                j += 1
-            group = _braced(text, j)
-            if group is not None:
-                return group[0].strip()
-            rest = text[j:].split("$")[0].strip()  # "\boxed 5"
-            if rest:
-                return rest
-    if "####" in text:
-        return text.rsplit("####", 1)[1].strip()
-    return text.strip()
+# -- env.reward specs ------------------------------------------------------------------------------------
 
 
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"), ("$", "$"))
-_TEXT_MACROS = ("\\text", "\\textbf", "\\textit", "\\mathrm", "\\mathbf", "\\mbox", "\\operatorname")
+class RewardConfigError(ValueError):
+    """An ``env.reward`` / ``env.reward_params`` value that cannot be turned into a reward."""
 
 
-def _replace_macro_groups(text: str, macro: str, keep: bool) -> str:
-    """Replace ``\\macro{x}`` by ``x`` (keep) or by a space."""
-    out, pos = [], 0
-    while (i := text.find(macro + "{", pos)) >= 0:
-        group = _braced(text, i + len(macro))
-        if group is None:
-            break
-        out.append(text[pos:i])
-        out.append(group[0] if keep else " ")
-        pos = group[1]
-    out.append(text[pos:])
-    return "".join(out)
+@dataclass(frozen=True)
+class AnswerReward:
+    """A configured answer reward: ``reward(prediction, golds, question) -> float``.
+
+    ``fn(prediction, golds, **params)`` is called (with ``question=`` too when ``pass_question``);
+    a result that is not a finite number raises :class:`RewardConfigError` naming the reward.
+    ``judge`` is the :class:`~horizonrl.judge.LLMJudge` of a ``judge`` reward, else None.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    pass_question: bool = False
+    judge: Any = None
+
+    def __call__(self, prediction: str | None, golds: str | Sequence[str], question: str = "") -> float:
+        kwargs = dict(self.params)
+        if self.pass_question:
+            kwargs["question"] = question
+        value = self.fn(prediction, _golds(golds), **kwargs)
+        if isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise RewardConfigError(
+                f"reward {self.name!r} returned {value!r}; a reward must be a finite number"
+            )
+        return float(value)
 
 
-def _fix_fracs(text: str) -> str:
-    """``\\dfrac``/``\\tfrac`` -> ``\\frac`` and the shorthand ``\\frac12`` / ``\\frac1{x}`` -> braced."""
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", text)
-    text = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", text)
-    return re.sub(r"\\frac\s*\{([^{}]*)\}\s*(\d)", r"\\frac{\1}{\2}", text)
-
-
-def _canonical(answer: str) -> tuple[str, bool]:
-    """Strip LaTeX dressing from an extracted answer; returns ``(text, had_percent_sign)``."""
-    s = answer.strip()
-    for left, right in _WRAPPERS:
-        if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
-            s = s[len(left) : len(s) - len(right)].strip()
-    for tok in ("\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ", "~", "\\$"):
-        s = s.replace(tok, " " if tok in ("\\ ", "~") else "")
-    s = s.replace("$", "")
-    for pat in (r"\^\s*\{\s*\\circ\s*\}", r"\^\s*\\circ", "°", r"\\circ", r"\\degree"):
-        s = re.sub(pat, "", s)
-    percent = bool(re.search(r"\\?%|\\percent", s))
-    s = re.sub(r"\\?%|\\percent", "", s)
-    stripped = s
-    for macro in _TEXT_MACROS:  # units such as "5\text{ cm}": drop them unless nothing else is left
-        stripped = _replace_macro_groups(stripped, macro, keep=False)
-    if stripped.strip():
-        s = stripped
-    else:
-        for macro in _TEXT_MACROS:
-            s = _replace_macro_groups(s, macro, keep=True)
-    s = _fix_fracs(s)
-    # A mixed number "2\frac{1}{2}" is 5/2 (integer literal directly before a numeric fraction).
-    s = re.sub(r"(?<![\d.)}^])(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}", r"(\1+\\frac{\2}{\3})", s)
-    s = s.replace("{,}", "")
-    s = re.sub(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d.])", lambda m: m.group(0).replace(",", ""), s)
-    s = s.strip().rstrip(".").strip()
-    if s.count("=") == 1 and re.match(r"^\s*[A-Za-z]\w*\s*=", s):  # "x = 5" -> "5"
-        s = s.split("=", 1)[1].strip()
-    return s, percent
-
-
-class _RationalParser:
-    """Exact evaluator of ``+ - * / ^``, parentheses, ``\\frac{a}{b}``, ``\\cdot``/``\\times``/``\\div``
-    and implicit products over decimal numbers; ``None`` for anything else (symbols, roots, ...)."""
-
-    _TOKEN = re.compile(r"\s*(?:(" + _NUMBER + r")|(\\frac|\\cdot|\\times|\\div|\*\*|[-+*/^(){}]))")
-
-    def __init__(self, text: str):
-        self.tokens: list[str] = []
-        pos = 0
-        while pos < len(text.rstrip()):
-            m = self._TOKEN.match(text, pos)
-            if m is None:
-                raise ValueError(f"unexpected character {text[pos:].strip()[:1]!r}")
-            self.tokens.append(m.group(1) or m.group(2))
-            pos = m.end()
-        self.i = 0
-
-    def _peek(self) -> str | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def _take(self, expected: str | None = None) -> str:
-        tok = self._peek()
-        if tok is None or (expected is not None and tok != expected):
-            raise ValueError(f"expected {expected or 'a token'}, got {tok!r}")
-        self.i += 1
-        return tok
-
-    def parse(self) -> Fraction:
-        value = self._sum()
-        if self._peek() is not None:
-            raise ValueError(f"unexpected {self._peek()!r}")
-        return value
-
-    def _sum(self) -> Fraction:
-        value = self._product()
-        while self._peek() in ("+", "-"):
-            value = value + self._product() if self._take() == "+" else value - self._product()
-        return value
-
-    def _product(self) -> Fraction:
-        value = self._unary()
-        while True:
-            tok = self._peek()
-            if tok in ("*", "/", "\\cdot", "\\times", "\\div"):
-                self._take()
-                rhs = self._unary()
-                value = value / rhs if tok in ("/", "\\div") else value * rhs
-            elif tok is not None and (tok in ("(", "{", "\\frac") or tok[0].isdigit() or tok[0] == "."):
-                value = value * self._unary()  # implicit product: 2(3), 2\cdot... written as 2 3
-            else:
-                return value
-
-    def _unary(self) -> Fraction:
-        if self._peek() in ("+", "-"):
-            return -self._unary() if self._take() == "-" else self._unary()
-        return self._power()
-
-    def _power(self) -> Fraction:
-        base = self._atom()
-        if self._peek() in ("^", "**"):
-            self._take()
-            exp = self._unary()
-            if exp.denominator != 1 or abs(exp) > 1000 or (base == 0 and exp < 0):
-                raise ValueError(f"unsupported exponent {exp}")
-            return base**exp.numerator
-        return base
-
-    def _atom(self) -> Fraction:
-        tok = self._take()
-        if tok in ("(", "{"):
-            value = self._sum()
-            self._take(")" if tok == "(" else "}")
-            return value
-        if tok == "\\frac":
-            self._take("{")
-            num = self._sum()
-            self._take("}")
-            self._take("{")
-            den = self._sum()
-            self._take("}")
-            return num / den
-        if tok[0].isdigit() or tok[0] == ".":
-            return Fraction(tok)
-        raise ValueError(f"unexpected {tok!r}")
-
-
-def _rational(text: str) -> Fraction | None:
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
     try:
-        return _RationalParser(text).parse()
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-_SYMPY_FUNCS = ("sqrt", "log", "ln", "exp", "sin", "cos", "tan", "pi", "oo", "abs")
-_LATEX_TO_SYMPY = (
-    (r"\\(cdot|times)", "*"),
-    (r"\\div", "/"),
-    (r"\\pi", " pi "),
-    (r"\\infty", " oo "),
-    (r"\\(ln|log|exp|sin|cos|tan)\b", r" \1"),
+def _check_params(spec: str, fn: Callable[..., Any], params: Mapping[str, Any]) -> None:
+    extra = {"question": ""} if ":" in spec and _accepts(fn, "question") else {}
+    try:
+        inspect.signature(fn).bind("", [""], **params, **extra)
+    except TypeError as e:
+        raise RewardConfigError(
+            f"env.reward={spec!r}: {getattr(fn, '__name__', 'the function')} cannot be called as "
+            f"fn(prediction, golds{''.join(f', {k}=...' for k in params)}): {e}"
+        ) from None
+    except ValueError:  # no signature (builtins): call and see
+        pass
+
+
+_JUDGE_PARAMS = (
+    "url",
+    "model",
+    "api_key_env",
+    "cache",
+    "timeout_s",
+    "max_retries",
+    "max_tokens",
+    "temperature",
+    "disable_thinking",
 )
 
 
-def _latex_to_sympy(text: str) -> str | None:
-    """A SymPy-parsable string for ``text``, or None when it holds anything outside the whitelist."""
-    s = text
-    # \frac{a}{b} -> ((a)/(b)), innermost first
-    for _ in range(20):
-        i = s.find("\\frac{")
-        if i < 0:
-            break
-        num = _braced(s, i + 5)
-        den = _braced(s, num[1]) if num else None
-        if num is None or den is None:
-            return None
-        s = s[:i] + f"(({num[0]})/({den[0]}))" + s[den[1] :]
-    for _ in range(20):  # \sqrt[n]{x} -> ((x)**(1/(n))), \sqrt{x} -> sqrt(x)
-        m = re.search(r"\\sqrt\s*(?:\[([^\]]*)\])?\s*\{", s)
-        if m is None:
-            break
-        arg = _braced(s, m.end() - 1)
-        if arg is None:
-            return None
-        repl = f"(({arg[0]})**(1/({m.group(1)})))" if m.group(1) else f"sqrt({arg[0]})"
-        s = s[: m.start()] + repl + s[arg[1] :]
-    s = re.sub(r"\\sqrt\s*(\d+|[A-Za-z])", r"sqrt(\1)", s)
-    for pat, repl in _LATEX_TO_SYMPY:
-        s = re.sub(pat, repl, s)
-    s = s.replace("{", "(").replace("}", ")").replace("^", "**")
-    if not re.fullmatch(r"[A-Za-z0-9\s+\-*/().]*", s) or len(s) > 300:
-        return None
-    if any(len(w) > 1 and w not in _SYMPY_FUNCS for w in re.findall(r"[A-Za-z]+", s)):
-        return None  # only single-letter symbols and whitelisted functions reach parse_expr
-    if re.search(r"\.(?!\d)", s):  # no attribute access: a dot must start decimals
-        return None
-    # Giant or chained powers (9**99**99) would hang the comparison.
-    if re.search(r"\*\*\s*\(*\s*\d{4,}", s) or re.search(r"\*\*[^+\-*/]*\*\*", s):
-        return None
-    return s
+def _judge_reward(params: Mapping[str, Any], default_cache: str | Path | None) -> AnswerReward:
+    """``judge``: :class:`~horizonrl.judge.LLMJudge` against ``params['url']`` (reachability checked now)."""
+    from horizonrl.inference.openai_client import ChatClient, ChatRequestError, EndpointUnreachable
+    from horizonrl.judge import LLMJudge
 
-
-def _sympy_equal(a: str, b: str) -> bool | None:
-    """Symbolic/numeric equality through SymPy; None when SymPy is missing or cannot parse either side."""
-    try:
-        import sympy
-        from sympy.parsing.sympy_parser import (
-            convert_xor,
-            implicit_multiplication_application,
-            parse_expr,
-            standard_transformations,
+    unknown = sorted(set(params) - set(_JUDGE_PARAMS))
+    if unknown:
+        raise RewardConfigError(
+            f"env.reward_params: unknown judge parameter(s) {unknown}; known: {list(_JUDGE_PARAMS)}"
         )
-    except ImportError:
-        return None
-    sa, sb = _latex_to_sympy(a), _latex_to_sympy(b)
-    if sa is None or sb is None:
-        return None
-    transforms = (*standard_transformations, implicit_multiplication_application, convert_xor)
-    local = {"ln": sympy.log, "abs": sympy.Abs, "pi": sympy.pi, "oo": sympy.oo, "e": sympy.E}
+    url = params.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise RewardConfigError(
+            f"env.reward_params.url={url!r}: the judge needs the endpoint's base URL, e.g. http://127.0.0.1:8000/v1"
+        )
+    key = None
+    if params.get("api_key_env") is not None:
+        key = os.environ.get(str(params["api_key_env"]))
+        if not key:
+            raise RewardConfigError(
+                f"env.reward_params.api_key_env={params['api_key_env']!r}: that environment variable is unset"
+            )
+    model = params.get("model")
     try:
-        ea = parse_expr(sa, local_dict=local, transformations=transforms, evaluate=True)
-        eb = parse_expr(sb, local_dict=local, transformations=transforms, evaluate=True)
-        diff = ea - eb
-        if diff == 0:
-            return True
-        if not (ea.free_symbols or eb.free_symbols):
-            value = complex(sympy.N(diff, 30))
-            scale = max(1.0, abs(complex(sympy.N(eb, 30))))
-            return abs(value) <= 1e-9 * scale
-        return sympy.simplify(diff) == 0
-    except Exception:  # any parse/eval failure means "not comparable"
-        return None
+        client_kw = {
+            "timeout_s": float(params.get("timeout_s", 60.0)),
+            "max_retries": params.get("max_retries", 3),
+        }
+        probe = ChatClient(
+            url, str(model or "probe"), key, timeout_s=min(10.0, client_kw["timeout_s"]), max_retries=1
+        )
+    except ValueError as e:
+        raise RewardConfigError(f"env.reward_params: {e}") from None
+    try:
+        served = probe.models()
+    except EndpointUnreachable as e:
+        raise RewardConfigError(
+            f"env.reward=judge: the judge endpoint {url} is unreachable ({e.cause})"
+        ) from None
+    except ChatRequestError:
+        served = []  # the server answered (no model listing): reachable
+    finally:
+        probe.close()
+    if not model:
+        if not served:
+            raise RewardConfigError(f"env.reward_params.model: {url} lists no models; name the judge model")
+        model = served[0]
+    try:
+        client = ChatClient(url, str(model), key, **client_kw)
+        judge = LLMJudge(
+            client,
+            params.get("cache", default_cache),
+            max_tokens=params.get("max_tokens", 10),
+            temperature=params.get("temperature", 0.0),
+            disable_thinking=bool(params.get("disable_thinking", False)),
+        )
+    except (TypeError, ValueError) as e:
+        raise RewardConfigError(f"env.reward_params: {e}") from None
+
+    def judged(prediction: str | None, golds: list[str], *, question: str = "") -> float:
+        return judge.reward(question, golds if len(golds) > 1 else golds[0], prediction)
+
+    return AnswerReward("judge", judged, {}, pass_question=True, judge=judge)
 
 
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts]
+def make_reward(
+    spec: str, params: Mapping[str, Any] | None = None, *, judge_cache: str | Path | None = None
+) -> AnswerReward:
+    """The :class:`AnswerReward` of an ``env.reward`` spec (see the module docstring).
 
+    ``params`` (``env.reward_params``) are keyword arguments of the reward function (``judge``: the
+    endpoint settings ``url``, ``model``, ``api_key_env``, ``cache``, ``timeout_s``, ``max_retries``,
+    ``max_tokens``, ``temperature``, ``disable_thinking``); ``judge_cache`` is the judge's cache file
+    when ``params`` gives none.
+    """
+    params = dict(params or {})
+    if not isinstance(spec, str) or not spec:
+        raise RewardConfigError(f"env.reward={spec!r}: expected a reward name or module:function")
+    if spec == "judge":
+        return _judge_reward(params, judge_cache)
+    if ":" in spec:
+        try:
+            fn = load_object(spec, "env.reward")
+        except UserImportError as e:
+            raise RewardConfigError(str(e)) from None
+        if not callable(fn):
+            raise RewardConfigError(f"env.reward={spec!r}: {type(fn).__name__} object is not callable")
+    else:
+        try:
+            fn = get_reward(spec)
+        except UnknownRewardError as e:
+            raise RewardConfigError(f"env.reward: {e}, judge, or module:function") from None
+    _check_params(spec, fn, params)
+    if spec in ("math", "math_equivalent"):
+        math_reward("", ["0"], **params)  # validate timeout_s now
+        from horizonrl.sympy_worker import default_worker
 
-def _collection(text: str) -> tuple[str, list[str]] | None:
-    """``(kind, items)`` for ``(a, b)``/``[a, b)`` (kind = the brackets, ordered), ``\\{a, b\\}``/bare
-    ``a, b`` (kind ``set``, unordered); None for a single value."""
-    s = text.strip()
-    if s.startswith("\\{") and s.endswith("\\}"):
-        return "set", _split_top_level(s[2:-2])
-    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
-        inner = s[1:-1]
-        depth = 0
-        for ch in inner:  # "(1+2)*(3)" is not a tuple: the outer brackets must enclose everything
-            depth += ch in "([{"
-            depth -= ch in ")]}"
-            if depth < 0:
-                return None
-        items = _split_top_level(inner)
-        return (s[0] + s[-1], items) if len(items) > 1 else None
-    items = _split_top_level(s)
-    return ("set", items) if len(items) > 1 else None
-
-
-def _scalar_equal(a: str, a_pct: bool, b: str, b_pct: bool) -> bool:
-    va, vb = _rational(a), _rational(b)
-    if va is not None and vb is not None:
-        cands_a = {va, va / 100} if a_pct else {va}
-        cands_b = {vb, vb / 100} if b_pct else {vb}
-        return bool(cands_a & cands_b)
-    if re.sub(r"\s+", "", a).lower() == re.sub(r"\s+", "", b).lower():
-        return True
-    verdict = _sympy_equal(a, b)
-    if verdict is not None:
-        return verdict
-    return normalize_text(a) != "" and normalize_text(a) == normalize_text(b)
-
-
-def math_equivalent(pred: str | None, gold: str) -> bool:
-    """Whether ``pred`` states the same math answer as ``gold`` (see the module docstring)."""
-    if pred is None:
-        return False
-    a, a_pct = _canonical(extract_math_answer(pred))
-    b, b_pct = _canonical(extract_math_answer(gold))
-    if not a or not b:
-        return False
-    ca, cb = _collection(a), _collection(b)
-    if ca is not None or cb is not None:
-        if ca is None or cb is None or ca[0] != cb[0] or len(ca[1]) != len(cb[1]):
-            return False
-        if ca[0] != "set":
-            return all(_scalar_equal(x, a_pct, y, b_pct) for x, y in zip(ca[1], cb[1], strict=True))
-        remaining = list(cb[1])
-        for x in ca[1]:
-            match = next((y for y in remaining if _scalar_equal(x, a_pct, y, b_pct)), None)
-            if match is None:
-                return False
-            remaining.remove(match)
-        return True
-    return _scalar_equal(a, a_pct, b, b_pct)
-
-
-@register_reward("math")
-def math_reward(pred: str | None, golds: str | Sequence[str]) -> float:
-    """1.0 if :func:`math_equivalent` holds for any gold alias, else 0.0."""
-    return float(any(math_equivalent(pred, g) for g in _golds(golds)))
+        default_worker().start()  # SymPy imports in the worker while the run sets up
+    return AnswerReward(spec, fn, params, pass_question=":" in spec and _accepts(fn, "question"))

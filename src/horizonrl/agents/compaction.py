@@ -12,15 +12,20 @@ and the boundary is resolved:
   numbered turns with thinking text, tool name, arguments and full tool
   response; all markup escaped so it is data, not instructions) and a
   *compaction session* runs on it with the paper's system and user prompts for at
-  most ``summary_max_tokens``, at ``summary_temperature`` (default: the rollout
-  temperature. The paper samples summaries at 0.1; the trainer recomputes
-  log-probs at one temperature per run, so a different summary temperature makes
-  the rollout/train ratio of those tokens differ from 1 — set it only knowingly). A non-empty
-  ``<summary>...</summary>`` is accepted: the next *normal* session starts from
-  the base system prompt and the continuation prompt (question + summary).
+  most ``summary_max_tokens``, at ``summary_temperature`` (default 0.1, the
+  paper's; each turn records its sampling temperature and training recomputes
+  its log-probs at it, so the rollout/train ratio stays 1; ``null`` = the
+  rollout temperature). A non-empty ``<summary>...</summary>`` is accepted: the
+  next *normal* session starts from the base system prompt and the continuation
+  prompt (question + summary).
 - otherwise (summary missing or empty, or the budget spent): the forced-answer
   message is inserted as an environment message after the retained history,
-  one final generation is allowed, and the rollout ends.
+  one final generation is allowed, and the rollout ends. A compaction attempt
+  whose summary cannot be parsed is *not* a session (the paper's "m successful
+  compactions -> 2m+1 segments"): it is removed from the rollout, so it is not
+  counted in N_i and not trained, and recorded in the compacted session's
+  ``info["failed_compactions"]``; ``keep_failed: true`` keeps it (an ablation).
+  A discarded turn does not count against ``max_turns``.
 
 A rollout with ``m`` compactions has ``2m + 1`` sessions: normal, compaction,
 normal, ... Segment links: a compaction segment's ``parent`` is the session it
@@ -28,7 +33,9 @@ compacted and ``fork_index`` its compaction number; the next normal session's
 ``parent`` is the compaction segment. For Mosaic's information gain
 (spec/mosaic.md, B.1) every compaction segment records ``info["h_minus"]`` (the
 retained history before compaction) and ``info["h_plus"]`` (the next session's
-prompt) as token ids.
+prompt) as token ids, and the normal session that was compacted records its own
+``info["h_plus"]``: the context at the moment it ended, its last tool response
+included (= the compaction's ``h_minus``, so the gains chain).
 
 ``prompts: short`` swaps the three compaction prompts for one-line versions (small
 context budgets such as the embedded tiny model); the forced-answer message is
@@ -51,10 +58,12 @@ from horizonrl.agents.context import (
     register_context,
 )
 from horizonrl.agents.driver import Generate
+from horizonrl.agents.summary import SUMMARY_CLOSE, SUMMARY_OPEN
 from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import ToolCallError, parse_tool_calls
+from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
-from horizonrl.trajectory import Turn
+from horizonrl.textparse import cap_text, first_block, strip_blocks
+from horizonrl.trajectory import Span, Turn
 
 COMPACTION_SYSTEM_PROMPT = (
     "You are a context compaction module for a search agent. Your only task is to summarize a previous "
@@ -95,9 +104,6 @@ PAPER_PROMPTS = {
     "continuation": CONTINUATION_PROMPT,
 }
 
-_SUMMARY_RE = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
-_TOOL_BLOCK_RE = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
-
 
 def escape_markup(text: str) -> str:
     """Escape ``&``, ``<`` and ``>`` so quoted history cannot open or close any tag."""
@@ -105,12 +111,13 @@ def escape_markup(text: str) -> str:
 
 
 def extract_summary(text: str) -> str | None:
-    """The content of the first ``<summary>...</summary>`` block, or None if absent or empty."""
-    m = _SUMMARY_RE.search(text)
-    if m is None:
+    """The stripped content of the first ``<summary>...</summary>`` block, or None if absent, unterminated
+    or empty. Linear time over the first ``textparse.MAX_TEXT_CHARS`` characters."""
+    text = cap_text(text)
+    block = first_block(text, SUMMARY_OPEN, SUMMARY_CLOSE)
+    if block is None or not block.closed:
         return None
-    body = m.group(1).strip()
-    return body or None
+    return text[block.body_start : block.body_end].strip() or None
 
 
 def serialize_history(question: str, turns: list[dict[str, Any]]) -> str:
@@ -135,7 +142,7 @@ def serialize_history(question: str, turns: list[dict[str, Any]]) -> str:
 def turn_record(text: str, observation: str | None, tools) -> dict[str, Any]:
     """One serialized turn from the assistant text and its observation."""
     calls = [c for c in parse_tool_calls(text, tools) if not isinstance(c, ToolCallError)]
-    thinking = _TOOL_BLOCK_RE.sub("", text).strip()
+    thinking = strip_blocks(cap_text(text), TOOL_OPEN, TOOL_CLOSE).strip()
     call = calls[0] if calls else None
     return {
         "thinking": thinking,
@@ -177,9 +184,10 @@ class CompactionContext(ContextManager):
         session_limit: int | None = None,
         reserve: int | None = None,
         max_compactions: int = 10,
-        summary_temperature: float | None = None,
+        summary_temperature: float | None = 0.1,
         summary_max_tokens: int | None = None,
         prompts: str = "paper",
+        keep_failed: bool = False,
     ) -> None:
         super().__init__(limits)
         if prompts not in ("paper", "short"):
@@ -200,6 +208,9 @@ class CompactionContext(ContextManager):
         self.max_compactions = max_compactions
         self.summary_temperature = summary_temperature
         self.summary_max_tokens = summary_max_tokens
+        if not isinstance(keep_failed, bool):
+            raise ValueError(f"compaction: keep_failed={keep_failed!r} must be true or false")
+        self.keep_failed = keep_failed
 
     # -- state kept in ep.state: question, records (serialized turns of this session), tail
     # (context length after the last response + the last observation message), compactions.
@@ -243,6 +254,7 @@ class CompactionContext(ContextManager):
         prospective = len(ep.context) + len(turn.response_ids) + len(obs_ids)
         if prospective > self.session_limit - self._reserve(params):
             ep.env.restore(snapshot)
+            ep.agent_turns -= 1  # a discarded turn is not a turn of the trajectory (as in memory)
             ep.segment.info["discarded_turns"] = ep.segment.info.get("discarded_turns", 0) + 1
             yield from self._resolve_boundary(ep, params)
             return
@@ -270,7 +282,7 @@ class CompactionContext(ContextManager):
         while True:  # a record that does not fit one session keeps its most recent turns
             user = {
                 "role": "user",
-                "content": COMPACTION_USER_PROMPT.format(
+                "content": self.prompts["user"].format(
                     history=serialize_history(question, records[dropped:])
                 ),
             }
@@ -279,6 +291,9 @@ class CompactionContext(ContextManager):
                 break
             dropped += 1
         parent = ep.segment_index
+        # The normal session ends here: its h+ is the context at this moment (its last tool response
+        # included), which is exactly the compaction's h-, so the gains chain (B.1).
+        ep.segment.info["h_plus"] = list(ep.context)
         seg = ep.new_segment("compaction", parent=parent, fork_index=ep.state["compactions"])
         seg.info.update(h_minus=list(ep.context), dropped_turns=dropped)
         sparams = SamplingParams(
@@ -288,11 +303,17 @@ class CompactionContext(ContextManager):
         )
         kept = records[dropped:]
         gen = yield Generate(prompt, sparams, expert=lambda rng, noise: expert_summary(question, kept))
-        turn = generation_turn(prompt, gen)
+        turn = generation_turn(prompt, gen, [Span("summary", 0, len(gen.ids))] if gen.ids else [])
         seg.turns.append(turn)
         summary = extract_summary(gen.text)
         seg.info["accepted"] = summary is not None
         if summary is None:
+            # Not a session ("m successful compactions -> 2m+1 segments", C.1): not counted, not
+            # trained, unless keep_failed (an ablation). Its tokens were generated all the same.
+            if not self.keep_failed:
+                ep.rollout.segments.remove(seg)
+                failed = ep.segment.info.setdefault("failed_compactions", [])
+                failed.append({"response_text": turn.response_text, "tokens": len(turn.response_ids)})
             return None
         ep.state["compactions"] += 1
         ep.rollout.env["metrics"]["compactions"] = float(ep.state["compactions"])

@@ -98,10 +98,19 @@ SubProgram = Generator[Any, Any, Any]
 
 
 def finish(ep: Episode, termination: str) -> None:
-    """End the episode: set its termination and sum the turn rewards into the outcome."""
+    """End the episode: set its termination and sum the turn rewards into the outcome.
+
+    A trailing normal session that never got a turn (the turn limit was reached right
+    after a compaction or reconstruction opened it) is not a session: it is removed,
+    so it is neither counted in a rollout's session count nor trained.
+    """
     ep.done = True
     if ep.is_child:
         return
+    segs = ep.rollout.segments
+    if len(segs) > 1 and segs[-1] is ep.segment and segs[-1].kind == "normal" and not segs[-1].turns:
+        segs.pop()
+        ep.segment = segs[-1]
     ep.rollout.termination = termination
     ep.rollout.reward = float(sum(t.reward for t in ep.rollout.turns))
 
@@ -200,11 +209,16 @@ def list_contexts() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
-    """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
+def get_context(name: str) -> type[ContextManager]:
+    """The manager class registered as ``name`` (ValueError naming the known ones)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown context manager {name!r}; known: {list_contexts()}")
-    cls = _REGISTRY[name]
+    return _REGISTRY[name]
+
+
+def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
+    """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
+    cls = get_context(name)
     params = dict(params or {})
     sig = inspect.signature(cls.__init__)
     accepted = [p for p in sig.parameters if p not in ("self", "limits")]

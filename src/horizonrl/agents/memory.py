@@ -74,6 +74,7 @@ from horizonrl.agents.summary import (
 from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import ToolCall, parse_answer, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.textparse import find_any, first_block
 from horizonrl.trajectory import Span, Turn
 
 SUM_OPEN, SUM_CLOSE = "<sum_last_turn>", "</sum_last_turn>"
@@ -91,7 +92,8 @@ SELECTION_INSTRUCTION = (
 SELECTION_HEADER = "Context full. Memory of your turns:"
 MEMORY_HEADER = "Memory:"
 CONTINUATION = "Context rebuilt from memory. Continue the task."
-_LINE = re.compile(r"(?:[-*]\s*)?turn_(\d+)\s*(?::.*)?")
+# At most 9 digits: a longer index is malformed (and never an int() over the interpreter's digit limit).
+_LINE = re.compile(r"(?:[-*]\s*)?turn_(\d{1,9})\s*(?::.*)?")
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -106,14 +108,11 @@ def locate_finding(text: str, cap: int = 300) -> tuple[int, int, str] | None:
     whitespace-collapsed and capped at ``cap`` characters. ``None`` when there is no block and no text.
     """
     visible = strip_thinking(text)
-    cut = min([i for i in (visible.find(t) for t in TOOL_MARKUP) if i >= 0] or [len(visible)])
-    start = visible.find(SUM_OPEN)
-    if 0 <= start < cut:
-        body = start + len(SUM_OPEN)
-        close = visible.find(SUM_CLOSE, body)
-        if close >= 0 and close + len(SUM_CLOSE) <= cut:
-            return start, close + len(SUM_CLOSE), collapse(visible[body:close], cap)
-        return start, cut, collapse(visible[body:cut], cap)
+    cut = find_any(visible, TOOL_MARKUP)
+    cut = len(visible) if cut < 0 else cut
+    block = first_block(visible, SUM_OPEN, SUM_CLOSE, end=cut)
+    if block is not None:
+        return block.start, block.end, collapse(visible[block.body_start : block.body_end], cap)
     finding = collapse(visible[:cut], cap)
     if not finding:
         return None
@@ -148,12 +147,10 @@ def parse_selection(text: str) -> list[int | str]:
     """Entries of the ``<selection>`` block, one per non-empty line: the index of a ``turn_N[: reason]``
     line, or the line itself (malformed). Without a block every non-empty line is malformed."""
     visible = strip_thinking(text)
-    start = visible.find(SEL_OPEN)
-    if start < 0:
+    block = first_block(visible, SEL_OPEN, SEL_CLOSE)
+    if block is None:
         return [line.strip() for line in visible.splitlines() if line.strip()]
-    body = visible[start + len(SEL_OPEN) :]
-    end = body.find(SEL_CLOSE)
-    body = body if end < 0 else body[:end]
+    body = visible[block.body_start : block.body_end]
     out: list[int | str] = []
     for line in (raw.strip() for raw in body.splitlines()):
         if line:
@@ -220,17 +217,20 @@ def repair_selection(
     out_of_range: list[int] = []
     duplicates: list[int] = []
     over_cap: list[int] = []
+    seen: set[int] = set()  # selected or over cap: membership in O(1), so repair is linear in the entries
     for e in entries:
         if isinstance(e, bool) or not isinstance(e, int | np.integer):
             malformed.append(str(e))
         elif int(e) not in valid:
             out_of_range.append(int(e))
-        elif int(e) in selected or int(e) in over_cap:
+        elif int(e) in seen:
             duplicates.append(int(e))
         elif len(selected) >= max_selected:
             over_cap.append(int(e))
+            seen.add(int(e))
         else:
             selected.append(int(e))
+            seen.add(int(e))
     latest = tuple(pool[max(0, len(pool) - keep_latest) :]) if keep_latest else ()
     over_budget: list[int] = []
     total, fits = None, True
@@ -320,8 +320,14 @@ class MemoryContext(MessageManager):
         retrieval: str = "learned",
         observations: str = "findings",
         embed_fn: Callable[[list[str]], np.ndarray] | None = None,
+        keep_overflow_finding: bool = True,
     ) -> None:
         super().__init__(limits)
+        if not isinstance(keep_overflow_finding, bool):
+            raise ValueError(
+                f"memory context: keep_overflow_finding must be true or false, got {keep_overflow_finding!r}"
+            )
+        self.keep_overflow_finding = keep_overflow_finding
         ints = {
             "max_selected": (max_selected, 0),
             "keep_latest": (keep_latest, 1),
@@ -392,10 +398,20 @@ class MemoryContext(MessageManager):
                 raise RuntimeError(
                     f"memory context: turn {index} overflowed but the loop passed no environment snapshot"
                 )
-            ep.env.restore(snapshot)  # roll the overflow turn back; it is not recorded (not trained)
+            ep.env.restore(snapshot)  # roll the overflow turn's action back: it opens no record
             ep.agent_turns -= 1
             st.rolled_back += 1
             ep.segment.info["rolled_back"] = ep.segment.info.get("rolled_back", 0) + 1
+            if self.keep_overflow_finding and found is not None:
+                # Alg. 1 keeps the overflow turn trainable: its finding completes the previous record,
+                # which the latest-K rule keeps in the final context. Its action was undone, so its
+                # action tokens carry no source (never credited by the provenance mask).
+                turn.spans = [
+                    Span(s.label, s.start, s.end, None) if s.label == "action" else s for s in turn.spans
+                ]
+                turn.tool_calls, turn.observation = 0, None
+                turn.info["rolled_back"] = True
+                ep.segment.turns.append(turn)
             yield from self._reconstruct(ep, st)
             self._metrics(ep)
             return
@@ -492,6 +508,7 @@ class MemoryContext(MessageManager):
         )
         st.dropped += sum(rep.counts().values())
         where.info["repair"] = rep.counts()
+        where.info["records"] = len(completed)  # records in memory when it was rebuilt
         if not rep.fits:
             end_overlong(ep, f"rebuilt context of {rep.cost} tokens (with generation) is over budget", where)
             return

@@ -48,11 +48,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from horizonrl import textparse
 from horizonrl.agents.context import (
     ContextManager,
     Episode,
@@ -66,7 +66,6 @@ from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.trajectory import Branch, Rollout, Segment, Turn
 
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 SUMMARY_SYSTEM = (
     "Summarize one step of an agent in one line: the action it took and the result it got. "
     "Keep every number and name."
@@ -76,7 +75,7 @@ PROGRESS_HEADER = "Progress so far:"
 
 def strip_think(text: str) -> str:
     """``text`` without ``<think>...</think>`` blocks (an unterminated one runs to the end), stripped."""
-    return _THINK.sub("", text).strip()
+    return textparse.strip_think(textparse.cap_text(text)).strip()
 
 
 def extract_summary(text: str, observation: str | None, tools: Sequence[Any], *, obs_chars: int = 200) -> str:

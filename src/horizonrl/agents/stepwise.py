@@ -26,7 +26,9 @@ done, after ``spec.limits.max_turns`` steps (``max_turns``), or when a prompt
 leaves no room to generate in ``context_budget`` (``context``; ``overflow:
 truncate`` first shortens the generation). ``rollout.env["metrics"]["revisit_rate"]``
 is the share of steps whose state was already visited earlier in the trajectory
-(:func:`revisit_rate`), logged by the trainer as ``rollout/revisit_rate``.
+(:func:`revisit_rate`), logged by the trainer as ``rollout/revisit_rate``;
+``revisit_rate_text`` counts repeated observation *text* instead (what the policy
+can see; identical text may hide different progress).
 
 Warm start: every ``Generate`` request carries the environment's expert
 (``env.expert_action``), so ``horizonrl sft`` with ``rollout.agent: stepwise``
@@ -207,6 +209,13 @@ def rollout_states(rollout: Rollout) -> list[str | None]:
     return [rollout.env.get("initial_obs_key"), *(t.obs_key for t in turns[:-1])][: len(turns)]
 
 
+def rollout_texts(rollout: Rollout) -> list[str | None]:
+    """Observation text of every decision: ``env["initial_obs_text"]``, then each reply but the last."""
+    turns = rollout.turns
+    texts = [rollout.env.get("initial_obs_text"), *((t.observation or "").strip() for t in turns[:-1])]
+    return texts[: len(turns)]
+
+
 def _fit(prompt: Sequence[int], params: SamplingParams, limits) -> SamplingParams | None:
     """The step's sampling params within ``context_budget`` (shortened under ``truncate``), or None."""
     room = limits.context_budget - len(prompt)
@@ -221,7 +230,12 @@ def _program(env: Env, task: Task, spec: AgentSpec, uid: str, group_id: str, fmt
     state = start_state(env, task, fmt)
     schemas = tool_schemas(env, fmt)
     rollout = Rollout(uid=uid, task_id=task.id, group_id=group_id, segments=[Segment(kind="normal")])
-    rollout.env = {"name": env.name, "agent": "stepwise", "initial_obs_key": state.initial_key}
+    rollout.env = {
+        "name": env.name,
+        "agent": "stepwise",
+        "initial_obs_key": state.initial_key,
+        "initial_obs_text": state.observation,
+    }
     seg = rollout.segments[0]
     termination = "max_turns"
     for _ in range(spec.limits.max_turns):
@@ -254,7 +268,10 @@ def _program(env: Env, task: Task, spec: AgentSpec, uid: str, group_id: str, fmt
     seg.info["terminal"] = True
     rollout.termination = termination
     rollout.reward = float(sum(t.reward for t in seg.turns))
-    rollout.env["metrics"] = {"revisit_rate": revisit_rate(rollout_states(rollout))}
+    rollout.env["metrics"] = {
+        "revisit_rate": revisit_rate(rollout_states(rollout)),
+        "revisit_rate_text": revisit_rate(rollout_texts(rollout)),
+    }
     return rollout
 
 
@@ -347,6 +364,7 @@ __all__ = [
     "invalid_reason",
     "revisit_rate",
     "rollout_states",
+    "rollout_texts",
     "split_task",
     "start_state",
     "stepwise",

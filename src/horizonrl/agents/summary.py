@@ -49,6 +49,7 @@ from horizonrl.agents.react import LoopLimits
 from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.textparse import cap_text, first_block, strip_think
 from horizonrl.trajectory import Span, Turn
 
 SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>", "</summary>"
@@ -56,16 +57,16 @@ SUMMARY_INSTRUCTION = (
     f"Context full. Summarize the facts you found and what remains to do as {SUMMARY_OPEN}...{SUMMARY_CLOSE}."
 )
 SUMMARY_CONTINUATION = "Context reset; above is the summary of your progress. Continue the task."
-_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
 # ----------------------------------------------------------------------------------------- text
 
 
 def strip_thinking(text: str) -> str:
-    """``text`` with every ``<think>...</think>`` block (an unterminated one: to the end) blanked to
-    spaces of the same length, so character offsets into the result are offsets into ``text``."""
-    return _THINK.sub(lambda m: " " * len(m.group(0)), text)
+    """``text`` (cut to ``textparse.MAX_TEXT_CHARS``) with every ``<think>...</think>`` block (an
+    unterminated one: to the end) blanked to spaces of the same length, so character offsets into the
+    result are offsets into ``text``."""
+    return strip_think(cap_text(text), blank=True)
 
 
 def collapse(text: str, cap: int) -> str:
@@ -77,14 +78,10 @@ def parse_summary(text: str) -> str | None:
     """The collapsed text of the first ``<summary>...</summary>`` block outside thinking, or ``None``
     when there is no complete block or it is empty (SUPO: an unparsable summary)."""
     visible = strip_thinking(text)
-    start = visible.find(SUMMARY_OPEN)
-    if start < 0:
+    block = first_block(visible, SUMMARY_OPEN, SUMMARY_CLOSE)
+    if block is None or not block.closed:
         return None
-    end = visible.find(SUMMARY_CLOSE, start + len(SUMMARY_OPEN))
-    if end < 0:
-        return None
-    body = collapse(visible[start + len(SUMMARY_OPEN) : end], 100_000)
-    return body or None
+    return collapse(visible[block.body_start : block.body_end], 100_000) or None
 
 
 def token_boundary(tokenizer: Any, ids: Sequence[int], pos: int, *, cover: bool) -> int:

@@ -31,16 +31,24 @@ from horizonrl.credit.registry import (
     register_estimator,
 )
 from horizonrl.credit.rtpo import sibling_advantage
+from horizonrl.credit.side_info import (
+    SideInfo,
+    collect_side_info,
+    record_side_info,
+    record_turn_columns,
+)
 
 __all__ = [
     "LOSS_AGG_MODES",
     "ContextualCredit",
     "EstimatorSpec",
+    "SideInfo",
     "StepBatch",
     "UnknownEstimatorError",
     "broadcast_to_tokens",
     "broadcast_turn_values",
     "check_token_advantages",
+    "collect_side_info",
     "contextual_credit",
     "flatten_rollouts",
     "get_estimator",
@@ -48,6 +56,8 @@ __all__ = [
     "list_estimators",
     "per_group",
     "provenance_mask",
+    "record_side_info",
+    "record_turn_columns",
     "register_estimator",
     "rloo_advantage",
     "session_aware_advantage",

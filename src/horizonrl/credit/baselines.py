@@ -25,33 +25,52 @@ def per_group(groups: Sequence[Group], fn: Callable[[list[float]], np.ndarray]) 
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-@register_estimator("grpo", loss_agg_mode="token-mean")
+@register_estimator(
+    "grpo",
+    loss_agg_mode="rollout-mean-token-mean",
+    agg_source="DeepSeekMath GRPO / RTPO Eq. 1: (1/G) sum_i (1/|o_i|) sum_t, o_i = all of rollout i's tokens",
+)
 def grpo(groups: Sequence[Group], *, normalize_std: bool = True, eps: float = 1e-6) -> TokenAdvantages:
     """GRPO: A_i = (R_i - mean R) / (std R + eps) (ddof=1) on every response token (baselines.md)."""
     values = per_group(groups, lambda r: group_advantage(r, normalize_std=normalize_std, eps=eps))
     return broadcast_to_tokens(groups, values)
 
 
-@register_estimator("drgrpo", loss_agg_mode="seq-mean-token-sum-norm")
+@register_estimator(
+    "drgrpo",
+    loss_agg_mode="seq-mean-token-sum-norm",
+    agg_source="Dr.GRPO (Liu et al. 2025): token sums over a constant, the generation budget "
+    "(algo.loss_norm_tokens)",
+)
 def drgrpo(groups: Sequence[Group]) -> TokenAdvantages:
     """Dr.GRPO: A_i = R_i - mean R on every response token, seq-mean-token-sum-norm loss (baselines.md)."""
     values = per_group(groups, lambda r: group_advantage(r, normalize_std=False))
     return broadcast_to_tokens(groups, values)
 
 
-@register_estimator("rloo", loss_agg_mode="token-mean")
+@register_estimator(
+    "rloo",
+    loss_agg_mode="seq-mean-token-sum",
+    agg_source="RLOO (Ahmadian et al. 2024): sequence-level REINFORCE, mean over samples of A_i sum_t log pi "
+    "(exact with algo.policy_loss=reinforce)",
+)
 def rloo(groups: Sequence[Group]) -> TokenAdvantages:
     """RLOO: A_i = R_i - mean_{j != i} R_j on every response token (baselines.md)."""
     return broadcast_to_tokens(groups, per_group(groups, rloo_advantage))
 
 
-@register_estimator("broadcast", loss_agg_mode="rollout-mean-token-mean")
+@register_estimator(
+    "broadcast",
+    loss_agg_mode="rollout-mean-token-mean",
+    agg_source="Mosaic Sec. 2.2: per-rollout token weighting across sessions",
+)
 def broadcast(groups: Sequence[Group], *, normalize_std: bool = True, eps: float = 1e-6) -> TokenAdvantages:
     """Broadcasting: the GRPO advantage on every session, rollout-mean-token-mean loss (baselines.md).
 
-    The Mosaic paper's multi-session baseline: same per-token values as ``grpo``;
-    the rollout-level aggregation keeps a rollout with many sessions from
-    outweighing a rollout with one.
+    The Mosaic paper's multi-session baseline: the same per-token values and the
+    same default aggregation as ``grpo`` (GRPO's per-trajectory mean is per rollout
+    over all its sessions), so a rollout with many sessions does not outweigh a
+    rollout with one; the name marks the multi-session comparison.
     """
     values = per_group(groups, lambda r: group_advantage(r, normalize_std=normalize_std, eps=eps))
     return broadcast_to_tokens(groups, values)

@@ -38,12 +38,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from horizonrl.credit import side_info
 from horizonrl.credit.ccpo_features import (
     StepBatch,
     broadcast_steps,
     context_features,
     factorize,
     merge_duplicates,
+    observation_mode,
     step_batch_from_groups,
     trajectory_codes,
     unique_steps,
@@ -65,7 +67,8 @@ class ContextualCredit:
     and ``future`` are the contributions ``A^H``, ``A^F`` (Eq. 11; the raw
     weighted credits when ``final_standardize=False``); ``supported``: the step
     had peers; ``fallback``: its peers came from the task fallback; ``episode``:
-    the episode-channel advantage ``A^EP`` (before ``episode_weight``).
+    the episode-channel advantage ``A^EP`` (before ``episode_weight``); ``peers``: the size of
+    the step's peer set ``P`` (``None`` when not computed).
     """
 
     advantage: np.ndarray
@@ -74,16 +77,19 @@ class ContextualCredit:
     supported: np.ndarray
     fallback: np.ndarray
     episode: np.ndarray
+    peers: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class PeerReadout:
-    """Output of :func:`peer_readout`: ``values`` [N, K] (0 where unsupported), per-row flags, bandwidths."""
+    """Output of :func:`peer_readout`: ``values`` [N, K] (0 where unsupported), per-row flags, bandwidths,
+    peer-set sizes ``|P|``."""
 
     values: np.ndarray
     supported: np.ndarray
     fallback: np.ndarray
     bandwidth: np.ndarray
+    peers: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------- readout
@@ -142,6 +148,7 @@ def peer_readout(
     supported = np.zeros(n, dtype=bool)
     fallback = np.zeros(n, dtype=bool)
     bandwidth = np.full(n, np.nan)
+    n_peers = np.zeros(n, dtype=np.int64)
     order = np.argsort(task_codes, kind="stable")
     bounds = np.flatnonzero(np.diff(task_codes[order])) + 1
     for idx in np.split(order, bounds) if n else []:
@@ -179,7 +186,10 @@ def peer_readout(
         supported[idx] = sup
         fallback[idx] = sup & ~has_exact
         bandwidth[idx] = np.where(sup, tau, np.nan)
-    return PeerReadout(values=values, supported=supported, fallback=fallback, bandwidth=bandwidth)
+        n_peers[idx] = peers.sum(axis=1)
+    return PeerReadout(
+        values=values, supported=supported, fallback=fallback, bandwidth=bandwidth, peers=n_peers
+    )
 
 
 # ----------------------------------------------------------------- standardization helpers
@@ -334,6 +344,7 @@ def _credit(
         supported=sup[inverse],
         fallback=ro.fallback[inverse],
         episode=episode[inverse],
+        peers=ro.peers[inverse],
     )
 
 
@@ -384,19 +395,22 @@ def ccpo(
     exclude_self: bool = True,
     history_weight: float = 1.0,
     future_weight: float = 1.0,
-    observation: str = "prompt",
+    obs_key: str = "text",
 ) -> TokenAdvantages:
     """CCPO: contextual step credit from observation-matched peers, on every response token of the step.
 
     ``hidden`` [N, D]: frozen-model final-layer states of the last prompt token,
     one row per turn in the order of :func:`step_batch_from_groups` (computed by
-    the trainer; credit never runs a model). ``observation`` picks the matching
-    key (see :func:`~horizonrl.credit.ccpo_features.prompt_observations`); the
-    other parameters are those of :func:`contextual_credit`.
+    the trainer; credit never runs a model). ``obs_key`` is what peers are matched
+    on: ``text`` (default, the paper's setting: the observation text the policy saw,
+    exact string equality), ``state`` (the environment's full hidden-state key, a
+    "perfect anchor" ablation) or ``turn`` (see
+    :func:`~horizonrl.credit.ccpo_features.prompt_observations`); the other
+    parameters are those of :func:`contextual_credit`.
     """
     if hidden is None:
         raise ValueError("the ccpo estimator needs hidden=[N, D] frozen-model states, one row per turn")
-    steps = step_batch_from_groups(groups, observation=observation)
+    steps = step_batch_from_groups(groups, observation=observation_mode(obs_key))
     out = contextual_credit(
         steps,
         hidden,
@@ -411,5 +425,13 @@ def ccpo(
         exclude_self=exclude_self,
         history_weight=history_weight,
         future_weight=future_weight,
+    )
+    side_info.record_turn_columns(
+        groups,
+        supported=out.supported,
+        fallback=out.fallback,
+        peers=out.peers,
+        historical=out.historical,
+        future=out.future,
     )
     return broadcast_steps(groups, out.advantage)

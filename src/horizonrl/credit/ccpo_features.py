@@ -160,10 +160,26 @@ def _prompt_key(turn: Any) -> str:
     return "prompt:" + hashlib.sha1(np.asarray(turn.prompt_ids, dtype=np.int64).tobytes()).hexdigest()
 
 
+OBS_KEYS = {"text": "text", "state": "prompt", "turn": "turn"}
+
+
+def observation_mode(obs_key: str) -> str:
+    """The :func:`prompt_observations` mode of an estimator's ``obs_key`` (text | state | turn)."""
+    if obs_key not in OBS_KEYS:
+        raise ValueError(f"obs_key must be one of {sorted(OBS_KEYS)}, got {obs_key!r}")
+    return OBS_KEYS[obs_key]
+
+
 def prompt_observations(rollout: Rollout, *, mode: str = "prompt") -> list[str]:
     """The observation each turn of ``rollout`` was decided on, in rollout order.
 
-    ``mode="prompt"`` (default): the state shown at the end of the turn's prompt,
+    ``mode="text"``: the observation *text* the policy saw (the paper's setting: Eq. 2
+    matches ``o_{j,s} = o_{i,t}`` by exact string equality, so identical text with
+    different hidden progress shares a key): turn ``t > 0`` takes the previous turn's
+    observation text, the first turn ``rollout.env["initial_obs_text"]`` (recorded by the
+    step-wise agent) or a digest of its prompt ids.
+
+    ``mode="prompt"`` (the ``state`` key): the state shown at the end of the turn's prompt,
     i.e. ``o_{i,t}`` of spec/ccpo.md. The agent loop stores on each turn the key
     of the state *after* its action (``Turn.obs_key`` is the environment's reply),
     so turn ``t > 0`` takes the previous turn's ``obs_key`` (or, without one, its
@@ -175,12 +191,19 @@ def prompt_observations(rollout: Rollout, *, mode: str = "prompt") -> list[str]:
     describe the prompt-side state); turns without one fall back to the above.
     """
     turns = rollout.turns
-    if mode not in ("prompt", "turn"):
-        raise ValueError(f"observation mode must be 'prompt' or 'turn', got {mode!r}")
+    if mode not in ("prompt", "turn", "text"):
+        raise ValueError(f"observation mode must be 'prompt', 'turn' or 'text', got {mode!r}")
     out: list[str] = []
     for k, turn in enumerate(turns):
         prev = turns[k - 1] if k else None
-        if mode == "turn" and turn.obs_key is not None:
+        if mode == "text":
+            if prev is not None:
+                out.append("text:" + (prev.observation or "").strip())
+            elif rollout.env.get("initial_obs_text") is not None:
+                out.append("text:" + rollout.env["initial_obs_text"].strip())
+            else:
+                out.append(_prompt_key(turn))
+        elif mode == "turn" and turn.obs_key is not None:
             out.append(turn.obs_key)
         elif prev is not None and prev.obs_key is not None:
             out.append(prev.obs_key)

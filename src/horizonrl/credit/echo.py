@@ -39,13 +39,15 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from horizonrl.credit import side_info
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
 
 SIGN_RULES = ("positive", "signed")
 #: ``Rollout.termination`` values that make a rollout invalid for ECHO's group baseline.
-ECHO_INVALID_TERMINATIONS = ("overlong", "error")
+ECHO_INVALID_TERMINATIONS = ("error",)
+OVERLONG_RULES = ("failure", "exclude")
 
 
 def provenance_mask(
@@ -212,14 +214,19 @@ def echo(
     sign_rule: str = "positive",
     dense: bool = False,
     invalid_terminations: Sequence[str] = ECHO_INVALID_TERMINATIONS,
+    overlong: str = "failure",
     normalize_std: bool = True,
     eps: float = 1e-6,
 ) -> TokenAdvantages:
     """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
 
     - ``A``: :func:`valid_group_advantage`; a rollout is *valid* unless its ``termination`` is in
-      ``invalid_terminations`` (default ``("overlong", "error")``: the rebuilt prompt still over budget,
-      or a failed rollout). Invalid rollouts are left out of the mean/std and get 0 on every token.
+      ``invalid_terminations`` (default ``("error",)``). Invalid rollouts are left out of the
+      mean/std and get 0 on every token. Overlong rollouts (more reconstructions than allowed, or a
+      rebuilt prompt still over budget) are, with ``overlong="failure"`` (default; paper §5.1/C.1:
+      "treated as unsuccessful"), failures *in* the baseline with reward 0, and get 0 on their own
+      tokens; ``overlong="exclude"`` leaves them out of the baseline as well (1 success + 7 overlong
+      then gives no update at all).
     - ``sign_rule="positive"`` (the paper, Eq. 14): ``max(A, 0)``, so tied, below-baseline and
       all-correct / all-wrong groups give zero update. ``"signed"``: ``A`` itself (the paper's
       released code).
@@ -231,17 +238,33 @@ def echo(
     """
     if sign_rule not in SIGN_RULES:
         raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {sign_rule!r}")
+    if overlong not in OVERLONG_RULES:
+        raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {overlong!r}")
     bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
+    if overlong == "exclude":
+        bad.add("overlong")
     out: TokenAdvantages = []
     for group in groups:
         valid = [r.termination not in bad for r in group.rollouts]
-        adv = valid_group_advantage(group.rewards, valid, normalize_std=normalize_std, eps=eps)
+        rewards = [0.0 if r.termination == "overlong" else r.reward for r in group.rollouts]
+        adv = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps)
         if sign_rule == "positive":
             adv = np.maximum(adv, 0.0)
-        for rollout, a, ok in zip(group.rollouts, adv, valid, strict=True):
+        trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]
+        for rollout, a, ok in zip(group.rollouts, adv, trained, strict=True):
+            side_info.record_side_info(len(out), rollout={"valid": ok, "A": float(a)})
             if not ok:  # may have stopped mid-selection with no final context: no mask needed
                 out.append([[np.zeros(t.num_response_tokens) for t in seg.turns] for seg in rollout.segments])
                 continue
             mask = echo_token_mask(rollout, dense=dense)
+            if side_info.collecting():
+                _record_side_info(len(out), rollout, mask, dense)
             out.append([[np.where(m, float(a), 0.0) for m in seg] for seg in mask])
     return out
+
+
+def _record_side_info(index: int, rollout: Rollout, mask: list[list[np.ndarray]], dense: bool) -> None:
+    """Viewer side information: ``I_src`` (selected source turns) and the credit mask ``mu`` per turn."""
+    selected = sorted(selected_source_turns(rollout)) if not dense else None
+    turns = [[{"mask": "".join("1" if x else "0" for x in m)} for m in seg] for seg in mask]
+    side_info.record_side_info(index, rollout={"selected": selected}, turns=turns)

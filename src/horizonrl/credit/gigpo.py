@@ -11,6 +11,20 @@
 (``mode="mean_std_norm"``, sample std). A group of one member (or all-equal
 values) gives 0. Defaults ``omega = 1``, ``gamma = 0.95``.
 
+Episode term, two readings (``episode=``):
+
+- ``"trajectory"`` (spec/baselines.md): one value per rollout, the mean over the
+  group's rollouts, no penalty;
+- ``"steps"`` (verl-agent, the framework the CCPO paper ran:
+  ``episode_norm_reward(..., compute_mean_std_cross_steps=True)`` after
+  ``apply_invalid_action_penalty``): every *step row* scores
+  ``e_{i,t} = R_i - eta * 1[invalid_{i,t}]`` and is normalized by the mean (and
+  std) over all step rows of the task group, so longer rollouts weigh more in the
+  baseline and an invalid step is penalized in the episode term too.
+
+``grpo_steps`` is verl-agent's GRPO for step-wise agents: the ``"steps"`` episode
+term alone with ``F = std`` (GiGPO with ``omega = 0``).
+
 **HGPO** (He et al. 2026, "Hierarchy-of-Groups Policy Optimization"). The ccpo
 paper only describes it as aggregating advantages from hierarchical groups
 matched at different history lengths; this is a documented *reconstruction*
@@ -25,9 +39,12 @@ following the HGPO paper's description and the released verl-agent recipe:
   ``w_k = L_k^alpha``, ``L_k = k + 2`` (the matched window plus one, the recipe's
   convention), ``alpha = 1``: more consistent contexts weigh more. With
   ``base_group=True`` the episode advantage ``A^E_i`` joins as an item with
-  ``L = 1``. No group of 2 or more at any level => 0. (The recipe drops items
-  whose advantage is exactly 0; we keep them: an all-equal consistent group is
-  evidence of a zero advantage.)
+  ``L = 1``. No group of 2 or more at any level => 0.
+
+Defaults follow the released recipe: the population std (``ddof=0``,
+``r.std(unbiased=False)``) and items whose advantage is exactly 0 dropped before
+weighting (``drop_zero_items=True``). ``ddof=1, drop_zero_items=False`` keeps them
+(an all-equal consistent group is then evidence of a zero advantage).
 """
 
 from __future__ import annotations
@@ -36,7 +53,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from horizonrl.credit.ccpo_features import broadcast_steps, factorize, step_batch_from_groups
+from horizonrl.credit.ccpo_features import (
+    broadcast_steps,
+    factorize,
+    observation_mode,
+    step_batch_from_groups,
+)
 from horizonrl.credit.group import group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
@@ -50,9 +72,12 @@ def _check_mode(mode: str) -> None:
 
 
 def group_relative(
-    values: np.ndarray, codes: np.ndarray, *, mode: str = "mean_norm", eps: float = 1e-6
+    values: np.ndarray, codes: np.ndarray, *, mode: str = "mean_norm", eps: float = 1e-6, ddof: int = 1
 ) -> np.ndarray:
-    """``(v - mean_g) / F`` within the groups ``codes``; groups of one or of equal values give 0."""
+    """``(v - mean_g) / F`` within the groups ``codes``; groups of one or of equal values give 0.
+
+    ``F = std + eps`` with ``ddof=1`` (sample) or ``0`` (population) for ``mean_std_norm``.
+    """
     _check_mode(mode)
     v = np.asarray(values, dtype=np.float64)
     codes = np.asarray(codes, dtype=np.int64)
@@ -69,8 +94,11 @@ def group_relative(
     dev = v - mean[codes]
     if mode == "mean_std_norm":
         ss = np.bincount(codes, weights=dev**2, minlength=n_groups)
-        dev = dev / (np.sqrt(ss / np.maximum(cnt - 1.0, 1.0)) + eps)[codes]
+        dev = dev / (np.sqrt(ss / np.maximum(cnt - ddof, 1.0)) + eps)[codes]
     return np.where(ok[codes], dev, 0.0)
+
+
+EPISODE_TERMS = ("trajectory", "steps")
 
 
 def episode_advantage(
@@ -80,9 +108,22 @@ def episode_advantage(
     *,
     mode: str = "mean_norm",
     eps: float = 1e-6,
+    episode: str = "trajectory",
+    penalties: np.ndarray | None = None,
 ) -> np.ndarray:
-    """GiGPO's episode term per row: GRPO (``mean_std_norm``) or Dr.GRPO (``mean_norm``) per task."""
+    """GiGPO's episode term per row: GRPO (``mean_std_norm``) or Dr.GRPO (``mean_norm``) per task.
+
+    ``episode="trajectory"``: over the task's rollouts (one value each); ``"steps"``: over
+    the task's step rows, each scored ``outcome - penalty`` (module docstring).
+    """
     _check_mode(mode)
+    if episode not in EPISODE_TERMS:
+        raise ValueError(f"episode must be one of {EPISODE_TERMS}, got {episode!r}")
+    if episode == "steps":
+        score = np.asarray(outcomes, dtype=np.float64)
+        if penalties is not None:
+            score = score - np.asarray(penalties, dtype=np.float64)
+        return group_relative(score, factorize(task_ids), mode=mode, eps=eps)
     task = factorize(task_ids)
     traj = factorize(list(zip(task.tolist(), list(trajectory_ids), strict=True)))
     outcomes = np.asarray(outcomes, dtype=np.float64)
@@ -106,16 +147,22 @@ def gigpo_advantage(
     mode: str = "mean_norm",
     omega: float = 1.0,
     eps: float = 1e-6,
+    episode: str = "trajectory",
+    penalties: np.ndarray | None = None,
 ) -> np.ndarray:
-    """GiGPO per step row: ``A^E_i + omega * A^S_{i,t}`` (see module docstring).
+    """GiGPO per step row: ``A^E + omega * A^S_{i,t}`` (see module docstring).
 
     ``returns``: the discounted step returns ``R_{i,t}`` (:func:`discounted_returns`);
-    ``outcomes``: each row's trajectory outcome ``R_i``.
+    ``outcomes``: each row's trajectory outcome ``R_i``; ``penalties``: each row's
+    ``eta * 1[invalid]`` (used by ``episode="steps"``).
     """
     task = factorize(task_ids)
     anchor = factorize(list(zip(task.tolist(), list(observations), strict=True)))
-    step = group_relative(returns, anchor, mode=mode, eps=eps)
-    return episode_advantage(task_ids, trajectory_ids, outcomes, mode=mode, eps=eps) + omega * step
+    step = group_relative(returns, anchor, mode=mode, eps=eps) if omega else 0.0
+    ep = episode_advantage(
+        task_ids, trajectory_ids, outcomes, mode=mode, eps=eps, episode=episode, penalties=penalties
+    )
+    return ep + omega * step
 
 
 def discounted_returns(
@@ -151,6 +198,8 @@ def hgpo_advantage(
     eps: float = 1e-6,
     outcomes: np.ndarray | None = None,
     base_group: bool = False,
+    ddof: int = 0,
+    drop_zero_items: bool = True,
 ) -> np.ndarray:
     """HGPO per step row (reconstruction; see module docstring). ``base_group`` needs ``outcomes``."""
     _check_mode(mode)
@@ -169,8 +218,10 @@ def hgpo_advantage(
     if base_group:
         if outcomes is None:
             raise ValueError("base_group=True needs outcomes")
-        num += episode_advantage(task_ids, trajectory_ids, outcomes, mode=mode, eps=eps)
-        den += 1.0
+        base = episode_advantage(task_ids, trajectory_ids, outcomes, mode=mode, eps=eps)
+        keep = (base != 0) if drop_zero_items else np.ones(n, bool)
+        num += np.where(keep, base, 0.0)
+        den += keep
     window = [obs]  # window[k] = o_{t-k} per row, -1 where that step is absent
     for k in range(int(history) + 1):
         if k > 0:
@@ -184,10 +235,13 @@ def hgpo_advantage(
         rows = np.stack([task, *window], axis=1)[defined]
         codes = np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1)
         size = np.bincount(codes)[codes]
-        a = group_relative(np.asarray(returns, dtype=np.float64)[defined], codes, mode=mode, eps=eps)
+        a = group_relative(
+            np.asarray(returns, dtype=np.float64)[defined], codes, mode=mode, eps=eps, ddof=ddof
+        )
         w = float(k + 2) ** alpha
-        idx = np.flatnonzero(defined)[size >= 2]
-        num[idx] += w * a[size >= 2]
+        take = (size >= 2) & ((a != 0) if drop_zero_items else True)
+        idx = np.flatnonzero(defined)[take]
+        num[idx] += w * a[take]
         den[idx] += w
     return np.where(den > 0, num / np.maximum(den, 1e-300), 0.0)
 
@@ -205,8 +259,8 @@ def _step_rewards(rollout: Rollout, eta: float) -> list[float]:
     return rewards
 
 
-def _step_arrays(groups: Sequence[Group], gamma: float, eta: float, observation: str):
-    steps = step_batch_from_groups(groups, observation=observation)
+def _step_arrays(groups: Sequence[Group], gamma: float, eta: float, obs_key: str):
+    steps = step_batch_from_groups(groups, observation=observation_mode(obs_key))
     rollouts = [r for g in groups for r in g.rollouts]
     rewards = np.array([x for r in rollouts for x in _step_rewards(r, eta)], dtype=np.float64)
     returns = discounted_returns(steps.trajectory_ids, steps.steps, rewards, gamma)
@@ -222,20 +276,36 @@ def gigpo(
     gamma: float = 0.95,
     eps: float = 1e-6,
     eta: float = 0.0,
-    observation: str = "prompt",
+    obs_key: str = "text",
+    episode: str = "trajectory",
 ) -> TokenAdvantages:
     """GiGPO: episode advantage + omega x anchor-state step advantage on each step's tokens (baselines.md).
 
-    Anchor states are the observations each turn was decided on
-    (:func:`~horizonrl.credit.ccpo_features.prompt_observations`, ``observation``
-    mode); ``eta`` subtracts an invalid-action penalty from that step's reward.
+    Anchor states are the observations each turn was decided on, matched on their
+    text (``obs_key="text"``, the paper's setting) or the environment's state key
+    (``"state"``: perfect anchors); ``eta`` subtracts an invalid-action penalty from
+    that step's reward (and, with ``episode="steps"``, from its episode score).
     """
-    steps, returns = _step_arrays(groups, gamma, eta, observation)
+    steps, returns = _step_arrays(groups, gamma, eta, obs_key)
     adv = gigpo_advantage(
         steps.task_ids, steps.trajectory_ids, steps.observations, returns, steps.rewards,
-        mode=mode, omega=omega, eps=eps,
+        mode=mode, omega=omega, eps=eps, episode=episode,
+        penalties=eta * np.asarray(steps.invalid, dtype=np.float64),
     )  # fmt: skip
     return broadcast_steps(groups, adv)
+
+
+@register_estimator("grpo_steps", loss_agg_mode="token-mean")
+def grpo_steps(
+    groups: Sequence[Group], *, eta: float = 0.0, eps: float = 1e-6, obs_key: str = "text"
+) -> TokenAdvantages:
+    """verl-agent's GRPO for step-wise agents: ``(e_{i,t} - mean) / (std + eps)`` over the task's step rows.
+
+    ``e_{i,t} = R_i - eta * 1[invalid_{i,t}]`` (the episode term of :func:`gigpo` with
+    ``episode="steps"``, ``mode="mean_std_norm"``, ``omega = 0``); every step's tokens get
+    its row's value. The baseline the CCPO paper compares against.
+    """
+    return gigpo(groups, mode="mean_std_norm", omega=0.0, eps=eps, eta=eta, obs_key=obs_key, episode="steps")
 
 
 @register_estimator("hgpo", loss_agg_mode="token-mean")
@@ -249,12 +319,15 @@ def hgpo(
     eps: float = 1e-6,
     eta: float = 0.0,
     base_group: bool = False,
-    observation: str = "prompt",
+    obs_key: str = "text",
+    ddof: int = 0,
+    drop_zero_items: bool = True,
 ) -> TokenAdvantages:
     """HGPO: step advantages from history-matched hierarchical groups, adaptively weighted (reconstructed)."""
-    steps, returns = _step_arrays(groups, gamma, eta, observation)
+    steps, returns = _step_arrays(groups, gamma, eta, obs_key)
     adv = hgpo_advantage(
         steps.task_ids, steps.trajectory_ids, steps.steps, steps.observations, returns,
         history=history, mode=mode, alpha=alpha, eps=eps, outcomes=steps.rewards, base_group=base_group,
+        ddof=ddof, drop_zero_items=drop_zero_items,
     )  # fmt: skip
     return broadcast_steps(groups, adv)

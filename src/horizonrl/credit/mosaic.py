@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
+from horizonrl.credit import side_info
 from horizonrl.credit.broadcast import broadcast_to_tokens, flatten_rollouts
 from horizonrl.credit.group import finite_vector, group_advantage
 from horizonrl.credit.registry import register_estimator
@@ -265,6 +266,20 @@ def _rollout_gains(rollouts: list[Rollout], gains: Sequence[Sequence[float | Non
     return out
 
 
+def _record_side_info(start: int, group: Group, base: np.ndarray, gains: Gains | None, normed: Gains | None):
+    """Viewer side information: ``N_i`` and the trajectory advantage (``Â^sat_i``, GRPO when not
+    session-aware) per rollout; raw/normalized IG and eligibility per session."""
+    for k, ro in enumerate(group.rollouts):
+        sessions = []
+        for s in range(len(ro.segments)):
+            raw = None if gains is None else gains[k][s]
+            norm = None if normed is None else normed[k][s]
+            sessions.append({"ig_raw": raw, "ig_norm": norm, "eligible": raw is not None})
+        side_info.record_side_info(
+            start + k, rollout={"N": len(ro.segments), "A_traj": float(base[k])}, sessions=sessions
+        )
+
+
 @register_estimator("mosaic", loss_agg_mode="rollout-mean-token-mean", needs=("gains",))
 def mosaic(
     groups: Sequence[Group],
@@ -322,7 +337,10 @@ def mosaic(
                     base, g_gains, types, all_failed=all_failed, lambda_r=lambda_r, eps=eps
                 )
             )
+            if side_info.collecting():
+                _record_side_info(start, g, base, g_gains, normalize_session_gains(g_gains, types, eps=eps))
         else:
             values.extend(np.full(len(ro.segments), b) for ro, b in zip(g.rollouts, base, strict=True))
+            _record_side_info(start, g, base, None, None)
         start += len(g.rollouts)
     return broadcast_to_tokens(rollouts, values)

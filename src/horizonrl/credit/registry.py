@@ -66,7 +66,8 @@ class EstimatorSpec:
     ``loss_agg_mode`` is the aggregation mode (``horizonrl.losses.aggregate``) the
     method is defined with; a config may override it. ``needs`` names keyword
     inputs the trainer must compute with a model (``gains``, ``scores``,
-    ``hidden``; see ``horizonrl.train.features``).
+    ``hidden``; see ``horizonrl.train.features``). ``agg_source`` says where the
+    default aggregation comes from (the paper or reference implementation).
     """
 
     name: str
@@ -74,6 +75,7 @@ class EstimatorSpec:
     loss_agg_mode: str = "token-mean"
     description: str = ""
     needs: tuple[str, ...] = ()
+    agg_source: str = ""
 
     @property
     def params(self) -> tuple[str, ...] | None:
@@ -109,6 +111,7 @@ def register_estimator(
     description: str = "",
     needs: tuple[str, ...] = (),
     replace: bool = False,
+    agg_source: str = "",
 ) -> Callable[[F], F]:
     """Decorator registering ``fn`` under ``name``; returns ``fn`` unchanged.
 
@@ -129,6 +132,7 @@ def register_estimator(
             loss_agg_mode=loss_agg_mode,
             description=description or (doc[0] if doc else ""),
             needs=tuple(needs),
+            agg_source=agg_source,
         )
         return fn
 

@@ -1,8 +1,10 @@
 """Environments: the Env protocol, tools, and the built-in synthetic environments.
 
-Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``
-and the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python``
-(reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments::
+Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``,
+the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python``
+(reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments,
+``qa`` (single-turn answers to file tasks) and ``mcp`` (the tools of a local MCP server).
+User environments subclass :class:`CustomEnv` with ``@tool`` methods (``docs/custom_env.md``)::
 
     from horizonrl.envs import get_env
     env = get_env("lookup")(hops=2)
@@ -13,12 +15,14 @@ from horizonrl.envs.airline import AirlineEnv
 from horizonrl.envs.arithmetic import ArithmeticEnv
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.common import ToolEnv
+from horizonrl.envs.custom import CustomEnv, QAEnv, ToolError, tool
 from horizonrl.envs.household import HouseholdEnv  # registers "household"; textworld loads on first use
 from horizonrl.envs.lookup import LookupEnv
 from horizonrl.envs.math_tool import (
     MathPythonEnv,
 )  # registers "math_python"; reasoning-gym loads on first use
-from horizonrl.envs.registry import get_env, list_envs, make_env, register_env
+from horizonrl.envs.mcp import MCPEnv  # registers "mcp"; the mcp SDK loads on first use
+from horizonrl.envs.registry import get_env, import_env_modules, list_envs, make_env, register_env
 from horizonrl.envs.rooms import RoomsEnv
 from horizonrl.envs.search import SearchEnv  # registers "search"; bm25s/faiss/torch load on first use
 from horizonrl.envs.tools import (
@@ -34,10 +38,13 @@ from horizonrl.envs.tools import (
 __all__ = [
     "AirlineEnv",
     "ArithmeticEnv",
+    "CustomEnv",
     "Env",
     "HouseholdEnv",
     "LookupEnv",
+    "MCPEnv",
     "MathPythonEnv",
+    "QAEnv",
     "RoomsEnv",
     "SearchEnv",
     "StepResult",
@@ -46,12 +53,15 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolEnv",
+    "ToolError",
     "format_answer",
     "format_tool_call",
     "get_env",
+    "import_env_modules",
     "list_envs",
     "make_env",
     "parse_answer",
     "parse_tool_calls",
     "register_env",
+    "tool",
 ]

@@ -24,6 +24,7 @@ from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
 
 ALL_OPS = "+-*/"
+TOOL_FAILURE = "Error: the calculator timed out; call it again."
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 CALCULATOR = Tool(
@@ -73,10 +74,20 @@ class ArithmeticEnv(ToolEnv):
 
     Knobs: ``n_ops`` (1-10, default 2) operations; ``min_operand``/``max_operand``
     (default 1/20) operand range; ``ops`` (default ``"+-*"``) the operators used,
-    any non-empty subset of ``"+-*/"``.
+    any non-empty subset of ``"+-*/"``; ``tool_noise`` (default 0) the probability
+    that a call fails transiently ("timed out; call it again") and costs a turn —
+    randomness *after* a decision, drawn from the instance's own RNG (not part of
+    the snapshot, so siblings restored from one boundary draw it afresh). The
+    expert retries a failed call.
     """
 
-    KNOBS: ClassVar[dict[str, Any]] = {"n_ops": 2, "min_operand": 1, "max_operand": 20, "ops": "+-*"}
+    KNOBS: ClassVar[dict[str, Any]] = {
+        "n_ops": 2,
+        "min_operand": 1,
+        "max_operand": 20,
+        "ops": "+-*",
+        "tool_noise": 0.0,
+    }
     system_prompt: ClassVar[str] = (
         f"Compute the result one operation at a time with {CALCULATOR.example_call()}, "
         "then give the final answer as <answer>...</answer>."
@@ -91,6 +102,9 @@ class ArithmeticEnv(ToolEnv):
         check_int(cls.name, "n_ops", knobs["n_ops"], 1, 10)
         check_int(cls.name, "min_operand", knobs["min_operand"], -(10**6), 10**6)
         check_int(cls.name, "max_operand", knobs["max_operand"], knobs["min_operand"], 10**6)
+        p = knobs["tool_noise"]
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"{cls.name}: knob 'tool_noise' must be a number in [0, 1], got {p!r}")
         ops = knobs["ops"]
         if (
             not isinstance(ops, str)
@@ -131,10 +145,20 @@ class ArithmeticEnv(ToolEnv):
         return {"start": task.meta["start"], "steps": [list(s) for s in task.meta["steps"]], "results": []}
 
     def _call_tool(self, call: ToolCall) -> tuple[str, bool]:
+        p = float(self.knobs.get("tool_noise", 0.0))
+        if p > 0 and self._noise_rng().random() < p:  # a transient tool failure: retry to get the value
+            return TOOL_FAILURE, False
         text, invalid = calculate(call.arguments["expression"])
         if not invalid and text not in self.state["results"]:
             self.state["results"].append(text)
         return text, invalid
+
+    def _noise_rng(self) -> random.Random:
+        """The instance's own RNG (seeded from Python's global RNG), not part of the snapshot."""
+        rng = getattr(self, "_rng", None)
+        if rng is None:
+            rng = self._rng = random.Random(random.getrandbits(64))
+        return rng
 
     def check_answer(self, answer: str) -> bool:
         got, want = parse_number(answer), Fraction(self.state["answer"])

@@ -12,6 +12,13 @@ Difficulty knobs are keyword arguments of both the constructor and
 knobs the instance was built with. ``state_key()`` is the canonical text of the
 current environment state (the same string a step reports as ``obs_key``), so an
 agent can read the key of the initial state right after ``reset``.
+
+A *QA-style* environment (``qa_style = True``) ends an episode with a final answer
+graded against ``Task.answer``/``Task.aliases``. It also runs tasks loaded from a
+file (``env.tasks``, :mod:`horizonrl.envs.taskfile`: ``Task.meta["source"] ==
+"file"``, the file's other columns in ``Task.meta["fields"]``; ``task_fields``
+names the columns it needs) and grades with a configured reward
+(``env.reward``, :meth:`Env.set_reward`) instead of its own check.
 """
 
 from __future__ import annotations
@@ -19,8 +26,12 @@ from __future__ import annotations
 import copy
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+#: ``reward(prediction, golds, question) -> float`` (:class:`horizonrl.rewards.AnswerReward`)
+AnswerRewardFn = Callable[[str | None, Sequence[str], str], float]
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,11 @@ class Task:
     answer: str
     aliases: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+def is_file_task(task: Task) -> bool:
+    """Whether ``task`` was loaded from a task file (``env.tasks``) rather than generated."""
+    return task.meta.get("source") == "file"
 
 
 @dataclass
@@ -67,6 +83,12 @@ class Env(ABC):
 
     name: ClassVar[str] = "env"
     system_prompt: ClassVar[str] = "You are a helpful agent. Use the tools, then give the final answer."
+    #: ends episodes with an answer graded against the task's; accepts env.tasks and env.reward
+    qa_style: ClassVar[bool] = False
+    #: task-file columns (beyond prompt/answer) a file task must have, read from ``meta["fields"]``
+    task_fields: ClassVar[tuple[str, ...]] = ()
+    #: the configured reward (:meth:`set_reward`); None grades with the environment's own check
+    answer_reward: AnswerRewardFn | None = None
     #: State outside the Python object (processes, indexes, files): with ``distributed.backend=ray``
     #: such environments run in environment-worker actors (:mod:`horizonrl.envs.remote`).
     external_state: ClassVar[bool] = False
@@ -74,6 +96,18 @@ class Env(ABC):
     def __init__(self, **knobs: Any) -> None:
         self.knobs = knobs
         self.state: dict[str, Any] = {}
+
+    def set_reward(self, reward: AnswerRewardFn | None) -> None:
+        """Grade final answers with ``reward(prediction, golds, question)`` (``env.reward``).
+
+        Success then means a reward of at least 1.0. Only QA-style environments accept one.
+        """
+        if reward is not None and not self.qa_style:
+            raise ValueError(
+                f"env.reward: environment {self.name!r} does not end with a graded answer, so it takes no "
+                "configured reward"
+            )
+        self.answer_reward = reward
 
     @property
     @abstractmethod

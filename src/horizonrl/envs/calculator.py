@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import warnings
 from fractions import Fraction
 
 MAX_LENGTH = 200
 MAX_MAGNITUDE = 10**18
+MAX_NUMBER_CHARS = 100  # longest answer parse_number reads as a number
+MAX_EXPONENT = 400  # largest |exponent| of a number in e-notation parse_number accepts
+_EXPONENT = re.compile(r"[eE]\s*[-+]?\s*0*(\d+)")
 
 _BINOPS = {
     ast.Add: lambda a, b: a + b,
@@ -65,8 +69,17 @@ def calculate(expression: str) -> tuple[str, bool]:
 
 
 def parse_number(text: str) -> Fraction | None:
-    """A number written by a model (``42``, ``-3.5``, ``1,200``, ``7/2``), or None."""
+    """A number written by a model (``42``, ``-3.5``, ``1,200``, ``7/2``, ``1e3``), or None.
+
+    Longer than :data:`MAX_NUMBER_CHARS` characters or with a decimal exponent over
+    :data:`MAX_EXPONENT` is None: ``Fraction("1e100000000")`` would build a 10^8-digit integer.
+    """
     text = str(text).strip().replace(",", "").rstrip(".").strip()
+    if len(text) > MAX_NUMBER_CHARS:
+        return None
+    exp = _EXPONENT.search(text)
+    if exp is not None and int(exp.group(1)) > MAX_EXPONENT:
+        return None
     try:
         return Fraction(text)
     except (ValueError, ZeroDivisionError):

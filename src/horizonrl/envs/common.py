@@ -1,8 +1,11 @@
-"""Shared machinery of the synthetic tool environments.
+"""Shared machinery of the tool environments.
 
 :class:`ToolEnv` implements the turn protocol once: a message with an
-``<answer>`` ends the episode (reward 1.0 if correct, else 0.0; any tool calls in
-that message are not run); otherwise its ``<tool_call>`` blocks (at most
+``<answer>`` ends the episode, graded by :meth:`ToolEnv.grade` (the configured
+``env.reward`` if one is set, else the environment's own ``check_answer``: reward
+1.0 if correct, else 0.0; any tool calls in that message are not run); with
+``text_answers`` a message with neither tag is itself the final answer (single-turn
+QA); otherwise its ``<tool_call>`` blocks (at most
 ``max_calls_per_turn``) are parsed and run in order and their outputs joined by
 newlines into one role-``tool`` observation (malformed ones become error text and
 set ``invalid=True``); a message with neither gets a short user-role reminder
@@ -13,7 +16,9 @@ episode (reward 0) after that many assistant messages.
 :func:`generate_tasks` turns a per-index candidate generator into a deterministic
 task list. Train and test are disjoint by construction: both splits walk the same
 candidate stream and keep a candidate only if the hash of its content falls in
-their bucket (20% test), so identical content always lands in the same split.
+their bucket (:func:`split_of`: 20% test), so identical content always lands in
+the same split. Answers are compared with the package's one normalizer,
+:func:`horizonrl.rewards.normalize_text`.
 """
 
 from __future__ import annotations
@@ -21,12 +26,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.base import Env, StepResult, Task, is_file_task
 from horizonrl.envs.tools import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -36,6 +40,7 @@ from horizonrl.envs.tools import (
     parse_answer,
     parse_tool_calls,
 )
+from horizonrl.rewards import exact_match
 
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.2
@@ -60,11 +65,10 @@ def check_noise(noise: Any) -> float:
     return float(noise)
 
 
-def normalize_answer(text: str) -> str:
-    """Lowercase, collapse spaces, strip quotes/punctuation at the ends and a leading article."""
-    text = re.sub(r"\s+", " ", str(text).strip().lower())
-    text = text.strip(" .,;:!?\"'`")
-    return re.sub(r"^(the|a|an) ", "", text)
+def split_of(key: str) -> str:
+    """``test`` for the 20% of keys whose SHA-256 falls in the test bucket, else ``train``."""
+    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16**8
+    return "test" if bucket < TEST_FRACTION else "train"
 
 
 Candidate = dict[str, Any]  # prompt, answer, meta, optional aliases and key (split identity)
@@ -90,8 +94,7 @@ def generate_tasks(
         if cand is None:
             continue
         key = json.dumps(cand.get("key", [cand["prompt"], cand["meta"]]), sort_keys=True)
-        bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16**8
-        if (bucket < TEST_FRACTION) != (split == "test") or key in seen:
+        if split_of(key) != split or key in seen:
             continue
         seen.add(key)
         full = json.dumps([cand["prompt"], cand["meta"]], sort_keys=True)
@@ -113,10 +116,14 @@ class ToolEnv(Env):
     Subclasses declare ``KNOBS`` (name -> default), ``_check_knobs``, ``_generate``
     (one task candidate from an rng), ``_init_state`` (episode state from a task),
     ``_call_tool`` and ``state_key``; everything mutable lives in ``self.state``.
+    ``check_answer`` is the environment's own verdict on a final answer; :meth:`grade`
+    turns it (or the configured ``env.reward``) into ``(reward, success)``.
     """
 
     KNOBS: ClassVar[dict[str, Any]] = {}
     max_calls_per_turn: ClassVar[int] = 4
+    #: a message with neither a tool call nor an <answer> is itself the final answer
+    text_answers: ClassVar[bool] = False
     system_prompt: ClassVar[str] = (
         f"Solve the task with the tools. Call a tool with <tool_call>JSON</tool_call>. "
         f"Give the final answer as {ANSWER_OPEN}...{ANSWER_CLOSE}."
@@ -130,7 +137,8 @@ class ToolEnv(Env):
         """``knobs`` with defaults filled in; ValueError naming any unknown or bad knob."""
         for k in knobs:
             if k not in cls.KNOBS:
-                raise ValueError(f"{cls.name}: unknown knob {k!r}; known knobs: {', '.join(cls.KNOBS)}")
+                known = ", ".join(cls.KNOBS) or "none"
+                raise ValueError(f"{cls.name}: unknown knob {k!r}; known knobs: {known}")
         full = {**cls.KNOBS, **knobs}
         cls._check_knobs(full)
         return full
@@ -160,14 +168,20 @@ class ToolEnv(Env):
     def reset(self, task: Task) -> str:
         if task.meta.get("env") != self.name:
             raise ValueError(f"task {task.id!r} is for env {task.meta.get('env')!r}, not {self.name!r}")
+        if is_file_task(task) and not self.qa_style:
+            raise ValueError(f"{self.name}: this environment does not run tasks from files (env.tasks)")
         self.state = {
             "task_id": task.id,
+            "question": task.prompt,
             "answer": task.answer,
             "aliases": list(task.aliases),
             "turn": 0,
             "done": False,
             "success": False,
-            "max_steps": task.meta.get("max_steps"),
+            "reward": 0.0,
+            "graded": False,
+            "file_task": is_file_task(task),
+            "max_steps": task.meta.get("max_steps", self.knobs.get("max_steps")),
         }
         self.state.update(self._init_state(task))
         return task.prompt
@@ -178,10 +192,29 @@ class ToolEnv(Env):
             f"No tool call or answer found. {error_format_hint(self.tools)} or {ANSWER_OPEN}...{ANSWER_CLOSE}"
         )
 
+    def golds(self) -> list[str]:
+        """The gold answer and its aliases of the current episode."""
+        return [self.state["answer"], *self.state["aliases"]]
+
     def check_answer(self, answer: str) -> bool:
-        """Whether the final answer is correct (normalized match against answer and aliases)."""
-        got = normalize_answer(answer)
-        return any(got == normalize_answer(a) for a in [self.state["answer"], *self.state["aliases"]])
+        """Whether the final answer is correct (normalized exact match against answer and aliases)."""
+        return exact_match(answer, self.golds()) == 1.0
+
+    def grade(self, answer: str) -> tuple[float, bool]:
+        """``(reward, success)`` of a final answer: the configured reward (success: reward >= 1),
+        else the environment's own :meth:`check_answer` (1.0 / 0.0)."""
+        if self.answer_reward is not None:
+            reward = self.answer_reward(answer, self.golds(), self.state["question"])
+            return reward, reward >= 1.0
+        ok = bool(self.check_answer(answer))
+        return float(ok), ok
+
+    def finish(self, answer: str) -> bool:
+        """End the episode with ``answer`` graded (:meth:`grade`); returns success."""
+        st = self.state
+        st["done"] = st["graded"] = True
+        st["reward"], st["success"] = self.grade(answer)
+        return st["success"]
 
     def step(self, action: str) -> StepResult:
         st = self.state
@@ -192,12 +225,13 @@ class ToolEnv(Env):
         st["turn"] += 1
         final_answer, tool_calls, errors, invalid, role = None, 0, 0, False, "tool"
         answer = parse_answer(action)
+        calls = parse_tool_calls(action, self.tools) if answer is None else []
+        if answer is None and not calls and self.text_answers:
+            answer = action.strip()
         if answer is not None:
             final_answer = answer
-            st["done"], st["success"] = True, self.check_answer(answer)
-            obs, role = ("Correct." if st["success"] else "Incorrect."), "user"
+            obs, role = ("Correct." if self.finish(answer) else "Incorrect."), "user"
         else:
-            calls = parse_tool_calls(action, self.tools)
             outs: list[str] = []
             for call in calls[: self.max_calls_per_turn]:
                 if isinstance(call, ToolCallError):
@@ -218,7 +252,8 @@ class ToolEnv(Env):
         if not st["done"] and st["max_steps"] is not None and st["turn"] >= st["max_steps"]:
             st["done"] = True
             obs += "\nOut of steps."
-        reward = 1.0 if st["done"] and st["success"] else 0.0
+        # A graded answer earns its reward; an episode won by acting (rooms, household) earns 1.0.
+        reward = (st["reward"] if st["graded"] else float(st["success"])) if st["done"] else 0.0
         return self._result(
             obs,
             role,

@@ -17,6 +17,10 @@ The ``python`` tool runs its ``code`` with :func:`horizonrl.envs.sandbox.run_pyt
 mark the step ``invalid``. Because every call is a fresh process and nothing
 persists between calls, the environment's whole state is ``self.state`` and the
 default snapshot (a deep copy of it) is exact.
+
+Tasks may also come from a file (``env.tasks``: question and answer columns); they
+are graded with :func:`horizonrl.rewards.math_equivalent` unless ``env.reward``
+names another reward, and the expert prints the gold answer, then answers it.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ import random
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from horizonrl.envs.base import StepResult, Task
+from horizonrl.envs.base import StepResult, Task, is_file_task
 from horizonrl.envs.common import ToolEnv, check_bool, check_int, check_noise
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.sandbox import SandboxLimits, run_python, sandbox_backend
 from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
+from horizonrl.rewards import math_reward
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +93,12 @@ class MathPythonEnv(ToolEnv):
     ``reasoning_gym.create_dataset``, e.g. ``{"basic_arithmetic": {"max_terms": 3}}``);
     ``max_steps`` per episode; ``partial_credit`` (reward = the dataset's score, or
     1/0); the tool's limits ``timeout_s``, ``cpu_s``, ``memory_mb``,
-    ``max_output_chars``, ``max_file_mb``, ``max_procs``, ``max_code_chars`` (see
-    :class:`~horizonrl.envs.sandbox.SandboxLimits`); ``sandbox`` (``auto``,
+    ``max_output_chars``, ``max_file_mb``, ``max_disk_mb``, ``max_files``, ``max_procs``,
+    ``max_code_chars`` (see :class:`~horizonrl.envs.sandbox.SandboxLimits`); ``sandbox`` (``auto``,
     ``bwrap`` or ``rlimit``).
     """
 
+    qa_style: ClassVar[bool] = True
     KNOBS: ClassVar[dict[str, Any]] = {
         "datasets": ["gsm_symbolic", "basic_arithmetic"],
         "dataset_size": 100_000,
@@ -189,6 +195,8 @@ class MathPythonEnv(ToolEnv):
 
     def _init_state(self, task: Task) -> dict[str, Any]:
         m = task.meta
+        if is_file_task(task):
+            return {"source": None, "calls": 0, "outputs": [], "score": 0.0}
         source = [
             m["dataset"],
             m["dataset_seed"],
@@ -211,21 +219,32 @@ class MathPythonEnv(ToolEnv):
         return res.observation(), not res.ok
 
     def check_answer(self, answer: str) -> bool:
-        """Score ``answer`` with the dataset's ``score_answer`` (kept in state); correct means 1.0."""
-        name = self.state["source"][0]
-        dataset = _dataset(*self.state["source"][:4])
-        score = float(dataset.score_answer(answer, self.entry()))
-        if not 0.0 <= score <= 1.0:
-            raise RuntimeError(f"reasoning-gym dataset {name!r} returned a score outside [0, 1]: {score}")
+        """Score ``answer`` with the dataset's ``score_answer`` (kept in state); correct means 1.0.
+
+        A file task is scored with :func:`horizonrl.rewards.math_equivalent` against its answers.
+        """
+        if self.state["source"] is None:
+            score = math_reward(answer, self.golds())
+        else:
+            name = self.state["source"][0]
+            dataset = _dataset(*self.state["source"][:4])
+            score = float(dataset.score_answer(answer, self.entry()))
+            if not 0.0 <= score <= 1.0:
+                raise RuntimeError(f"reasoning-gym dataset {name!r} returned a score outside [0, 1]: {score}")
         self.state["score"] = score
         return score >= 1.0
 
+    def grade(self, answer: str) -> tuple[float, bool]:
+        """The configured reward if any; else the dataset's score (``partial_credit``) or 1/0."""
+        if self.answer_reward is not None:
+            return super().grade(answer)
+        ok = self.check_answer(answer)
+        return (self.state["score"] if self.knobs["partial_credit"] else float(ok)), ok
+
     def step(self, action: str) -> StepResult:
-        """:meth:`ToolEnv.step`, with the dataset's score as reward and sandbox statuses in ``info``."""
+        """:meth:`ToolEnv.step` with the sandbox statuses of the turn's calls in ``info``."""
         self._statuses = []
         res = super().step(action)
-        if res.final_answer is not None and self.knobs["partial_credit"]:
-            res.reward = self.state["score"]
         res.info.update(sandbox=self.sandbox, sandbox_status=list(self._statuses))
         return res
 
@@ -243,12 +262,13 @@ class MathPythonEnv(ToolEnv):
         (the right one shifted) or the final answer is wrong.
         """
         noise = check_noise(noise)
-        st, entry = self.state, self.entry()
+        st = self.state
+        entry = self.entry() if st["source"] is not None else {"answer": st["answer"], "metadata": {}}
         if not st["outputs"] and st["calls"] < 2:
             expression = entry["metadata"].get("expression")
             if rng.random() < noise:
                 code = f"print({_wrong(entry['answer'], rng)!r})"
-            elif st["source"][0] == "basic_arithmetic" and isinstance(expression, str):
+            elif st["source"] and st["source"][0] == "basic_arithmetic" and isinstance(expression, str):
                 code = f"print({expression.replace('/', '//')})"
             else:
                 code = f"answer = {entry['answer']!r}\nprint(answer)"

@@ -1,11 +1,18 @@
-"""Registry of environment classes by name (used by configs: ``env: lookup``)."""
+"""Registry of environment classes by name (used by configs: ``env.name: lookup``).
+
+Environments defined outside horizonrl register themselves with :func:`register_env` when their
+module is imported; a config names that module in ``env.imports`` (a dotted name on
+``sys.path`` or a ``.py`` path) and :func:`import_env_modules` imports it before the lookup.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, TypeVar
 
 from horizonrl.envs.base import Env
+from horizonrl.userimport import import_user_module
 
 E = TypeVar("E", bound=type[Env])
 
@@ -43,7 +50,8 @@ def get_env(name: str) -> type[Env]:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownEnvError(
-            f"unknown environment {name!r}; known: {', '.join(list_envs()) or 'none'}"
+            f"unknown environment {name!r}; known: {', '.join(list_envs()) or 'none'} (an environment "
+            "from your own code registers when env.imports names its module)"
         ) from None
 
 
@@ -55,3 +63,12 @@ def make_env(name: str, **knobs: Any) -> Env:
 def list_envs() -> list[str]:
     """Names of all registered environments, sorted."""
     return sorted(_REGISTRY)
+
+
+def import_env_modules(targets: str | Sequence[str]) -> list[ModuleType]:
+    """Import each module of ``env.imports`` (registering the environments and rewards it defines).
+
+    Raises :class:`horizonrl.userimport.UserImportError` (one line) when one cannot be imported.
+    """
+    items = [targets] if isinstance(targets, str) else list(targets)
+    return [import_user_module(t, "env.imports") for t in items]

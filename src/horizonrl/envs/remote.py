@@ -31,14 +31,17 @@ _MISSING = ("missing", None)
 class EnvWorker:
     """Holds environments by id inside an actor (wrapped by ``ray.remote`` in :class:`EnvPool`)."""
 
-    def __init__(self, env_cls: type[Env], knobs: dict[str, Any]) -> None:
+    def __init__(self, env_cls: type[Env], knobs: dict[str, Any], reward=None) -> None:
         self.env_cls = env_cls
         self.knobs = dict(knobs)
+        self.reward = reward
         self.envs: dict[int, Env] = {}
         self.next_id = 0
 
     def create(self) -> tuple[int, dict[str, Any]]:
         env = self.env_cls(**self.knobs)
+        if self.reward is not None:
+            env.set_reward(self.reward)
         i, self.next_id = self.next_id, self.next_id + 1
         self.envs[i] = env
         meta = {
@@ -152,9 +155,12 @@ class RemoteEnv(Env):
 
 
 class EnvPool:
-    """``workers`` environment-worker actors for one environment class (module docstring)."""
+    """``workers`` environment-worker actors for one environment class (module docstring); ``reward``:
+    the run's configured answer reward (``env.reward``), set on every environment."""
 
-    def __init__(self, env_cls: type[Env], knobs: dict[str, Any], *, workers: int, settings) -> None:
+    def __init__(
+        self, env_cls: type[Env], knobs: dict[str, Any], *, workers: int, settings, reward=None
+    ) -> None:
         from horizonrl import cluster
 
         if workers < 1:
@@ -162,7 +168,7 @@ class EnvPool:
         self.ray = cluster.connect(settings.address, num_cpus=settings.num_cpus)
         self._release = cluster.release
         actor = self.ray.remote(num_cpus=settings.env_cpus)(EnvWorker)
-        self.workers = [actor.remote(env_cls, dict(knobs)) for _ in range(workers)]
+        self.workers = [actor.remote(env_cls, dict(knobs), reward) for _ in range(workers)]
         self.live = [0] * workers
         self._slot: dict[int, int] = {}
         self.ray.get([w.live.remote() for w in self.workers])

@@ -1,20 +1,26 @@
 """Run untrusted Python in a separate, limited process: the sandbox of the ``python`` tool.
 
 :func:`run_python` runs one program in a fresh process (nothing survives between
-calls) with a private temporary working directory (removed afterwards), a scrubbed
-environment, ``python -s -P -B`` (``-I`` without ``-E``, so a fixed
-``PYTHONHASHSEED`` keeps output deterministic), a wall-clock limit (its whole
-process group is killed on timeout and after it exits) and capped output. Before
-the program runs, the child sets rlimits (CPU, memory, file size, open files, and
-the process count for non-root users), enters an empty network namespace, applies
-Landlock (no writes outside the working directory, no TCP, no signals out), drops
-capabilities (root), installs a seccomp filter (x86-64: no fork/exec, namespaces,
-mounts, ptrace, ...) and a best-effort audit hook with readable errors. Backend
-``bwrap`` (bubblewrap, when installed and working) adds user/PID/IPC/UTS/network/
-mount namespaces that see only the system and Python directories, read-only;
-``rlimit`` is the fallback. :func:`sandbox_backend` says which is active, and each
-result lists the layers actually established, since they depend on the kernel
-(``docs/envs/math_python.md``). Executed as a script this file is the child launcher.
+calls) with a scrubbed environment, ``python -s -P -B`` (``-I`` without ``-E``, so a
+fixed ``PYTHONHASHSEED`` keeps output deterministic), a wall-clock limit and capped
+output; the program text arrives on stdin. Two backends (:func:`sandbox_backend`):
+
+- ``bwrap`` (bubblewrap, the default wherever it works, probed once): user, PID,
+  IPC, UTS, network, cgroup and mount namespaces; the program sees read-only only
+  the paths Python needs (:func:`~horizonrl.envs.sandbox_host.read_paths`), a
+  read-only ``/`` and ``/dev``, and its working directory ``/tmp``: a private tmpfs
+  capped at ``max_disk_mb`` and ``max_files`` that never exists on the host.
+- ``rlimit``: the fallback without bubblewrap. The same child-side layers
+  (:mod:`horizonrl.envs.sandbox_child`: Landlock, seccomp, rlimits, capped tmpfs
+  where a mount namespace can be made), but no mount view, no PID namespace, and a
+  host working directory; :func:`fallback_gaps` says what it lacks on this machine
+  and a warning names it when ``auto`` has to fall back.
+
+Both: a pids cgroup caps threads (or ``RLIMIT_NPROC`` where it binds, else threads
+are refused); the child dies with its parent (``PR_SET_PDEATHSIG``,
+``--die-with-parent``); the process group and cgroup are killed when the run ends;
+work dirs and cgroups of killed trainers are removed by the next process's first
+run. Each result lists the layers actually established (``docs/envs/math_python.md``).
 """
 
 from __future__ import annotations
@@ -22,40 +28,56 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from horizonrl.envs import sandbox_host as host
+from horizonrl.envs.sandbox_child import _MARKER
+from horizonrl.envs.sandbox_host import bwrap_argv, remove_stale
+
+__all__ = ["BACKENDS", "STATUSES", "SandboxLimits", "SandboxResult", "bwrap_argv", "bwrap_problem",
+           "fallback_gaps", "remove_stale", "run_python", "sandbox_backend"]  # fmt: skip
+
+log = logging.getLogger(__name__)
 BACKENDS = ("bwrap", "rlimit")
-STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit", "file_limit", "blocked",
-            "crashed", "rejected")  # fmt: skip
-_MARKER = "__horizonrl_sandbox__ "
-_PROGRAM = ".horizonrl_program.py"
-_LAUNCHER = os.path.abspath(__file__)
-_BWRAP_BASE = ("bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev",
-               "/dev", "--tmpfs", "/tmp")  # fmt: skip
+STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit", "file_limit", "disk_limit",
+            "process_limit", "blocked", "crashed", "rejected")  # fmt: skip
+_BWRAP_WORKDIR = "/tmp"
+PRIVATE_TMPFS = True  # mount the capped tmpfs where the child can; False exercises the periodic disk check
+_DISK_CHECK_S = 0.1  # period of the rlimit backend's disk check where no capped tmpfs could be mounted
 _LIMIT_BOUNDS = {
     "cpu_s": (1, 600), "memory_mb": (32, 1 << 20), "max_output_chars": (1, 10**7), "max_file_mb": (1, 4096),
-    "max_procs": (1, 4096), "max_code_chars": (1, 10**7),
+    "max_disk_mb": (1, 1 << 16), "max_files": (1, 10**7), "max_procs": (1, 4096),
+    "max_code_chars": (1, 10**7),
 }  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    """Limits of one sandboxed run; the constructor raises ValueError naming any bad value."""
+    """Limits of one sandboxed run; the constructor raises ValueError naming any bad value.
+
+    ``timeout_s`` wall clock, ``cpu_s`` CPU seconds, ``memory_mb`` address space,
+    ``max_output_chars`` of stdout and of stderr, ``max_file_mb`` per file,
+    ``max_disk_mb`` and ``max_files`` for the whole working directory, ``max_procs``
+    threads besides the main one, ``max_code_chars`` of program text.
+    """
 
     timeout_s: float = 10.0
     cpu_s: int = 5
     memory_mb: int = 512
     max_output_chars: int = 4000
     max_file_mb: int = 16
+    max_disk_mb: int = 64
+    max_files: int = 1000
     max_procs: int = 16
     max_code_chars: int = 20000
 
@@ -75,9 +97,11 @@ class SandboxResult:
 
     ``detail`` is a one-line description of any failure; ``truncated`` says that
     stdout (first ``max_output_chars`` kept) or stderr (last ones kept) was cut;
-    ``protections`` lists the layers that were active in the child (empty when it
-    died before reporting); ``pid`` (the process group that was killed) and
-    ``workdir`` (already removed) are recorded for inspection.
+    ``exit_code`` is negative for a signal (bwrap's ``128 + n`` is mapped to ``-n``);
+    ``protections`` lists the layers that were active (empty when the child died
+    before reporting); ``pid`` (the process group that was killed) and ``workdir``
+    (the working directory as the program saw it; on the host only for ``rlimit``,
+    already removed) are recorded for inspection.
     """
 
     status: str
@@ -114,11 +138,11 @@ def run_python(
 
     ``limits`` (default :class:`SandboxLimits()`) with any field replaced by a
     keyword (``timeout_s``, ``cpu_s``, ``memory_mb``, ``max_output_chars``,
-    ``max_file_mb``, ``max_procs``, ``max_code_chars``); ``backend`` defaults to
-    :func:`sandbox_backend`. Never raises for anything the program does; when it
-    returns, the process group is dead and the working directory removed. Raises
-    ValueError naming a bad or unknown limit or backend, RuntimeError if ``bwrap``
-    is required but unusable.
+    ``max_file_mb``, ``max_disk_mb``, ``max_files``, ``max_procs``,
+    ``max_code_chars``); ``backend`` defaults to :func:`sandbox_backend`. Never
+    raises for anything the program does; when it returns, the process group and
+    cgroup are dead and the working directory removed. Raises ValueError naming a
+    bad or unknown limit or backend, RuntimeError if ``bwrap`` is required but unusable.
     """
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SandboxLimits)})
     if unknown:
@@ -130,45 +154,84 @@ def run_python(
     if len(code) > limits.max_code_chars:
         detail = f"the code is {len(code)} characters long; the limit is {limits.max_code_chars}"
         return SandboxResult("rejected", "", "", None, detail, backend)
+    host.remove_stale_once(tempfile.gettempdir(), os.getpid())
+    return _run(code, limits, backend)
+
+
+def _run(code: str, limits: SandboxLimits, backend: str) -> SandboxResult:
     start = time.monotonic()
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="horizonrl-sandbox-"))
+    bwrap = backend == "bwrap"
+    hostdir = None if bwrap else host.make_workdir()
+    workdir = _BWRAP_WORKDIR if bwrap else hostdir
+    cgroup = host.new_cgroup(limits.max_procs + (2 if bwrap else 1))  # + bwrap's monitor, the main thread
     try:
-        cfg = {"workdir": workdir, "netns": backend == "rlimit", **dataclasses.asdict(limits)}
-        argv = [sys.executable, "-s", "-P", "-B", _LAUNCHER, json.dumps(cfg)]
-        if backend == "bwrap":
-            argv = bwrap_argv(workdir, sys.executable) + argv
-        with open(os.path.join(workdir, _PROGRAM), "w", encoding="utf-8", errors="replace") as f:
-            f.write(code)  # the child reads and deletes it before anything else
-        pipe, env = subprocess.PIPE, _child_env(workdir)
+        cfg = {"workdir": workdir, "parent": None if bwrap else os.getpid(), "host_root": os.geteuid() == 0,
+               "netns": not bwrap, "tmpfs": PRIVATE_TMPFS or bwrap, "read_paths": list(host.read_paths()),
+               "thread_limit": "cgroup" if cgroup else None, **dataclasses.asdict(limits)}  # fmt: skip
+        child = host.BWRAP_CHILD if bwrap else host.CHILD
+        argv = [sys.executable, "-s", "-P", "-B", child, json.dumps(cfg)]
+        if bwrap:
+            size_ok = "--size" in host.bwrap_options()[1]
+            argv = bwrap_argv(host.read_paths(), limits.max_disk_mb << 20, root=os.geteuid() == 0,
+                              size_option=size_ok) + argv  # fmt: skip
+        if cgroup:  # the shell joins the cgroup, then becomes the sandbox: nothing starts outside it
+            argv = [
+                "/bin/sh",
+                "-c",
+                'echo $$ > "$0" && exec "$@"',
+                os.path.join(cgroup, "cgroup.procs"),
+                *argv,
+            ]
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
-            stdout=pipe,
-            stderr=pipe,
-            cwd=workdir,
-            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=hostdir or "/",
+            env=_child_env(workdir),
             start_new_session=True,
         )
-        deadline, reason = start + limits.timeout_s, "error"
+        deadline = start + limits.timeout_s
+        max_bytes, max_files = limits.max_disk_mb << 20, limits.max_files
+
+        def over_disk() -> bool:
+            used, files = host.disk_usage(hostdir, max_bytes, max_files)
+            return used > max_bytes or files > max_files
+
         try:
-            out, err, reason = _communicate(proc, deadline, 4 * limits.max_output_chars + 4096)
+            cap = 4 * limits.max_output_chars + 4096
+            out, err, reason = _communicate(proc, code.encode("utf-8", "replace"), deadline, cap,
+                                            over_disk if hostdir else None)  # fmt: skip
         finally:
             timed_out, cpu = _reap(proc, deadline, kill_now=reason is not None)
+            if cgroup:
+                host.remove_cgroup(cgroup)
+        if reason is None and hostdir and over_disk():  # a burst between two checks, then exit
+            reason = "disk"
         protections: tuple[str, ...] = ()
         if err.startswith(_MARKER.encode()):
             line, _, err = err.partition(b"\n")
-            protections = tuple(json.loads(line[len(_MARKER) :]))
+            layers = json.loads(line[len(_MARKER) :])
+            layers += ["bwrap:namespaces", "fs:read-only-view"] if bwrap else []
+            layers += ["proc:cgroup"] if cgroup else []
+            layers += ["disk:periodic-check"] if hostdir and "fs:tmpfs" not in layers else []
+            protections = tuple(layers)
         n = limits.max_output_chars
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         truncated = len(stdout) > n or len(stderr) > n or reason == "output"
-        status, detail = _classify(proc.returncode, stdout, stderr, reason, timed_out, cpu, limits)
-        stdout, stderr, wall = stdout[:n], stderr[max(0, len(stderr) - n) :], time.monotonic() - start
         rc = proc.returncode
+        if bwrap and rc is not None and 128 < rc < 160:  # bwrap reports a signal n as exit code 128 + n
+            rc = -(rc - 128)
+        status, detail = _classify(rc, stdout, stderr, reason, timed_out, cpu, limits, pid1=bwrap)
+        stdout, stderr, wall = stdout[:n], stderr[max(0, len(stderr) - n) :], time.monotonic() - start
         return SandboxResult(
             status, stdout, stderr, rc, detail, backend, protections, wall, cpu, truncated, proc.pid, workdir
         )
     finally:
-        _remove_tree(workdir)
+        if cgroup:
+            host.remove_cgroup(cgroup)
+        if hostdir:
+            host.remove_tree(hostdir)
 
 
 # ---------------------------------------------------------------- backends
@@ -179,7 +242,8 @@ def sandbox_backend(prefer: str | None = None) -> str:
 
     ``prefer`` may be ``auto`` (or None: then ``HORIZONRL_SANDBOX`` decides, default
     ``auto``), ``bwrap`` or ``rlimit``; ValueError names any other value,
-    RuntimeError says why ``bwrap`` is unusable when it is required.
+    RuntimeError says why ``bwrap`` is unusable when it is required. Falling back
+    under ``auto`` logs (once) a warning naming what the fallback lacks.
     """
     choice = prefer if prefer not in (None, "auto") else os.environ.get("HORIZONRL_SANDBOX") or "auto"
     if choice not in ("auto", *BACKENDS):
@@ -191,38 +255,66 @@ def sandbox_backend(prefer: str | None = None) -> str:
         return "bwrap"
     if choice == "bwrap":
         raise RuntimeError(f"sandbox backend 'bwrap' was requested but {problem}")
+    _warn_fallback(problem)
     return "rlimit"
 
 
 @lru_cache(maxsize=1)
 def bwrap_problem() -> str | None:
-    """None when bubblewrap runs here, else why not (probed once per process)."""
-    exe = shutil.which("bwrap")
+    """None when the bubblewrap backend works here, else why not (probed once per process with a real run)."""
+    exe, options = host.bwrap_options()
     if exe is None:
-        return "bwrap is not installed (install the 'bubblewrap' package)"
-    probe = [exe, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]
+        return "bwrap is not installed (install the 'bubblewrap' package, e.g. `make system-deps`)"
+    missing = [o for o in ("--unshare-all", "--die-with-parent", "--as-pid-1", "--cap-add", "--remount-ro")
+               if o not in options]  # fmt: skip
+    if missing:
+        return f"the installed bwrap lacks {', '.join(missing)} (bubblewrap >= 0.4 is needed)"
+    under_tmp = [p for p in host.read_paths() if p == "/tmp" or p.startswith("/tmp/")]
+    if under_tmp:
+        return f"Python lives under /tmp ({under_tmp[0]}), which the sandbox replaces by its own tmpfs"
     try:
-        res = subprocess.run(probe, capture_output=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        res = _run("print('ok')", SandboxLimits(timeout_s=30), "bwrap")
+    except OSError as e:
         return f"bwrap could not be started ({e})"
-    if res.returncode != 0:
-        return f"bwrap failed here: {res.stderr.decode(errors='replace').strip()[:200]}"
+    if res.stdout != "ok\n":
+        return f"bwrap failed here: {(res.stderr.strip() or res.detail)[-300:]}"
     return None
 
 
-def bwrap_argv(workdir: str, python: str) -> list[str]:
-    """The bubblewrap prefix: namespaces unshared, system and Python dirs read-only, ``workdir`` writable."""
-    argv = [*_BWRAP_BASE, "--cap-drop", "ALL"] if os.geteuid() == 0 else list(_BWRAP_BASE)
-    roots = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc/ld.so.cache", "/etc/alternatives"]
-    extra = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(python))]
-    extra += [_LAUNCHER] + [p for p in sys.path if p and os.path.isdir(p) and "site-packages" in p]
-    bound: list[str] = []
-    for p in roots + [os.path.realpath(p) for p in extra]:
-        if not os.path.lexists(p) or any(p == b or p.startswith(b.rstrip("/") + "/") for b in bound):
-            continue
-        bound.append(p)
-        argv += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
-    return [*argv, "--bind", workdir, workdir, "--chdir", workdir, "--"]
+def fallback_gaps(protections: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """What the ``rlimit`` backend does not contain on this machine (``protections`` of one of its runs)."""
+    have = set(protections if protections is not None else _rlimit_protections())
+    gaps = ["no mount view: the host's directory tree stays visible (names and metadata)",
+            "no PID namespace: host processes keep their pids (their /proc files are unreadable only under "
+            "Landlock)"]  # fmt: skip
+    if "fs:landlock-read" not in have:
+        gaps.append("reads are not confined: the program can read every file the trainer's user can read")
+    if "fs:landlock" not in have:
+        gaps.append("writes outside the working directory are refused only by the audit hook, which a "
+                    "program can disable")  # fmt: skip
+    if "fs:tmpfs" not in have:
+        gaps.append(f"disk bytes and files are checked every {_DISK_CHECK_S:g} s, not kernel-enforced, "
+                    "and the host work dir outlives a killed trainer until the next start")  # fmt: skip
+    if "net:namespace" not in have:
+        gaps.append("no network namespace (sockets are still refused by seccomp where it is active)")
+    if "proc:seccomp" not in have:
+        gaps.append("no seccomp filter (not x86-64): process creation, chmod and sockets are refused only by "
+                    "the audit hook")  # fmt: skip
+    if "proc:no-threads" in have:
+        gaps.append("no thread counter (root without a writable pids cgroup): threads are refused altogether")
+    return tuple(gaps)
+
+
+@lru_cache(maxsize=1)
+def _rlimit_protections() -> tuple[str, ...]:
+    return _run("pass", SandboxLimits(timeout_s=30), "rlimit").protections
+
+
+@lru_cache(maxsize=1)
+def _warn_fallback(problem: str) -> None:
+    log.warning(
+        "python sandbox: %s; using the rlimit fallback, which lacks: %s", problem, "; ".join(fallback_gaps())
+    )
 
 
 def _child_env(workdir: str) -> dict[str, str]:
@@ -237,21 +329,47 @@ def _child_env(workdir: str) -> dict[str, str]:
 # ---------------------------------------------------------------- parent side
 
 
-def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
-    """Read stdout/stderr until both end, the deadline passes (``timeout``) or one exceeds ``cap`` bytes."""
+def _communicate(
+    proc: subprocess.Popen, data: bytes, deadline: float, cap: int, over_disk: Callable[[], bool] | None
+) -> tuple[bytes, bytes, str | None]:
+    """Feed ``data`` to stdin and read stdout/stderr until both end; or stop early with a reason.
+
+    Reasons: ``timeout`` (past ``deadline``), ``output`` (one stream over ``cap``
+    bytes), ``disk`` (``over_disk()``, checked every ``_DISK_CHECK_S``).
+    """
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     sel = selectors.DefaultSelector()
     for f in bufs:
         sel.register(f, selectors.EVENT_READ)
-    reason = None
+    pending = memoryview(data)
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin, selectors.EVENT_WRITE)
+    reason, next_check = None, time.monotonic() + _DISK_CHECK_S
     try:
-        while sel.get_map() and reason is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while reason is None and any(f in bufs for f in (k.fileobj for k in sel.get_map().values())):
+            now = time.monotonic()
+            if now >= deadline:
                 reason = "timeout"
                 break
-            for key, _ in sel.select(remaining):
+            if over_disk is not None and now >= next_check:
+                next_check = now + _DISK_CHECK_S
+                if over_disk():
+                    reason = "disk"
+                    break
+            wait = min(deadline, next_check) - now if over_disk is not None else deadline - now
+            for key, _ in sel.select(max(wait, 0.0)):
                 f = key.fileobj
+                if f is proc.stdin:
+                    try:
+                        pending = pending[os.write(f.fileno(), pending[:65536]) :]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the child is gone or closed stdin
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(f)
+                        f.close()
+                    continue
                 chunk = os.read(f.fileno(), 65536)
                 if not chunk:
                     sel.unregister(f)
@@ -262,8 +380,9 @@ def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[byt
                     break
     finally:
         sel.close()
-        for f in bufs:
-            f.close()
+        for f in (proc.stdin, *bufs):
+            with contextlib.suppress(OSError):
+                f.close()
     return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), reason
 
 
@@ -307,23 +426,38 @@ def _alive(pid: int) -> bool:
 
 
 def _classify(rc: int | None, stdout: str, stderr: str, reason: str | None, timed_out: bool, cpu: float,
-              lim: SandboxLimits) -> tuple[str, str]:  # fmt: skip
-    """(status, detail) of a finished run."""
+              lim: SandboxLimits, pid1: bool = False) -> tuple[str, str]:  # fmt: skip
+    """(status, detail) of a finished run.
+
+    A CPU limit is SIGXCPU (the soft limit), or SIGKILL that the parent did not
+    send: under bwrap (``pid1``) the program is pid 1 of its PID namespace, which
+    ignores SIGXCPU and cannot be sent SIGKILL from inside, so that is the hard
+    limit (soft = hard there); under ``rlimit`` a program that ignored SIGXCPU is
+    killed at ``cpu_s + 1``, recognised by at least half of ``cpu_s`` of CPU (the
+    kernel's rlimit clock runs up to ~30 % ahead of the one ``wait4`` reports).
+    """
     last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
     if reason == "output" or len(stdout) > lim.max_output_chars:
         stopped = "; the program was stopped" if reason == "output" else ""
         return "output_limit", f"the output exceeded {lim.max_output_chars} characters and was cut{stopped}"
     if timed_out or reason == "timeout":
         return "timeout", f"the program exceeded the {lim.timeout_s:g} s wall-clock limit and was stopped"
-    if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu >= lim.cpu_s):  # soft, hard RLIMIT_CPU
+    disk = f"the working directory is limited to {lim.max_disk_mb} MB and {lim.max_files} files"
+    if reason == "disk":
+        return "disk_limit", f"{disk}; the program was stopped"
+    if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and (pid1 or cpu >= 0.5 * lim.cpu_s)):
         return "cpu_limit", f"the program exceeded the {lim.cpu_s} s CPU time limit and was stopped"
     if rc == -signal.SIGXFSZ or (rc and "File too large" in last):
         return "file_limit", f"a file grew past the {lim.max_file_mb} MB size limit"
+    if rc and ("No space left on device" in last or "Disk quota exceeded" in last):
+        return "disk_limit", disk
     if rc is not None and rc < 0:
         name = {int(s): s.name for s in signal.Signals}.get(-rc, str(-rc))
         return "crashed", f"the program was killed by signal {name}"
     if rc and last.startswith("MemoryError"):
         return "memory_limit", f"the program ran out of memory (limit {lim.memory_mb} MB)"
+    if rc and "can't start new thread" in last:
+        return "process_limit", f"the program may run at most {lim.max_procs} threads besides the main one"
     if rc and (
         last.startswith("PermissionError") or "Operation not permitted" in last or "sandbox: " in last
     ):
@@ -331,268 +465,3 @@ def _classify(rc: int | None, stdout: str, stderr: str, reason: str | None, time
     if rc:
         return "error", f"the program exited with code {rc}" + (f" ({last})" if last else "")
     return "ok", ""
-
-
-def _remove_tree(path: str) -> None:
-    """Remove ``path`` even where the program made directories read-only."""
-
-    def retry(func, p, _exc):
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o700)
-            func(p)
-
-    shutil.rmtree(path, onerror=retry)
-
-
-# ---------------------------------------------------------------- child side (runs in the sandboxed process)
-
-_CLONE_NEWNET, _CLONE_NEWUSER, _CLONE_THREAD = 0x40000000, 0x10000000, 0x00010000
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-# x86-64 syscalls a sandboxed program never needs: process creation, namespaces and mounts, tracing and other
-# processes' memory, kernel modules/bpf/perf/keyrings, io_uring (bypasses seccomp), host clock and name, ...
-_DENY_X86_64 = (
-    57, 58, 59, 322,  # fork vfork execve execveat
-    101, 310, 311, 312, 424, 438,  # ptrace process_vm_readv/writev kcmp pidfd_send_signal pidfd_getfd
-    165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442,  # mount ... chroot unshare setns
-    175, 313, 176, 246, 320, 169, 167, 168, 163, 103,  # modules, kexec, reboot, swap, acct, syslog
-    164, 227, 159, 305, 170, 171, 172, 173, 179,  # clocks, host/domain name, iopl/ioperm, quotactl
-    321, 298, 323, 250, 248, 249, 303, 304, 135, 212,  # bpf perf userfaultfd keys handles personality
-    425, 426, 427, 133, 259, 200,  # io_uring mknod mknodat tkill
-)  # fmt: skip
-_SELF_SIGNAL_X86_64 = (62, 234, 129, 297)  # kill tgkill rt_sigqueueinfo rt_tgsigqueueinfo: own pid only
-# Audit events refused outright, and events whose path arguments must stay inside the working directory:
-# event -> ((path argument index, dir_fd argument index or None), ...)
-_AUDIT_DENY = frozenset((
-    "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen",
-    "os.killpg", "pty.spawn", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function", "ctypes.cdata",
-    "resource.setrlimit", "resource.prlimit",
-))  # fmt: skip
-_AUDIT_PATHS = {
-    "os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.rename": ((0, 2), (1, 3)),
-    "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
-    "os.truncate": ((0, None),), "os.utime": ((0, 3),), "os.setxattr": ((0, None),),
-    "os.removexattr": ((0, None),), "shutil.rmtree": ((0, 1),), "sqlite3.connect": ((0, None),),
-}  # fmt: skip
-
-
-def _child_main(cfg_json: str) -> None:
-    """Set up every protection that this kernel allows, report them on stderr, then run the program."""
-    import ctypes
-
-    cfg = json.loads(cfg_json)
-    with open(_PROGRAM, encoding="utf-8") as f:
-        code = f.read()
-    os.unlink(_PROGRAM)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    active = ["process"]
-    if cfg["netns"] and _unshare_net(libc):
-        active.append("net:namespace")
-    active += _set_rlimits(cfg)
-    _ccall(libc.prctl, 38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: required by Landlock and seccomp
-    active += _landlock(libc, cfg["workdir"])
-    active += ["caps:dropped"] if os.geteuid() == 0 and _drop_capabilities(libc) else []
-    active += ["proc:seccomp"] if _seccomp(libc) else []
-    _install_audit_hook(cfg["workdir"])
-    active += ["proc:audit", "net:audit", "fs:audit"]
-    sys.stderr.write(_MARKER + json.dumps(active) + "\n")
-    sys.stderr.flush()
-    _exec_program(code)
-
-
-def _ccall(fn, *args):
-    """Call a variadic C function (syscall, prctl) with its integer arguments widened to ``long``."""
-    import ctypes
-
-    return fn(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
-
-
-def _unshare_net(libc) -> bool:
-    """Move into a new (empty) network namespace; as non-root inside a new user namespace."""
-    if libc.unshare(_CLONE_NEWNET) == 0:
-        return True
-    uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-        return False
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with contextlib.suppress(OSError), open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    return True
-
-
-def _set_rlimits(cfg: dict) -> list[str]:
-    """Lower the soft and hard limits (never above the current hard ones); return the names of those set."""
-    import resource as r
-
-    mem, fsize = cfg["memory_mb"] << 20, cfg["max_file_mb"] << 20
-    wanted = {
-        "cpu": (r.RLIMIT_CPU, cfg["cpu_s"], cfg["cpu_s"] + 1), "as": (r.RLIMIT_AS, mem, mem),
-        "fsize": (r.RLIMIT_FSIZE, fsize, fsize), "core": (r.RLIMIT_CORE, 0, 0),
-        "nofile": (r.RLIMIT_NOFILE, 256, 256),
-    }  # fmt: skip
-    if os.geteuid() != 0:  # root is exempt from RLIMIT_NPROC; it counts every task of the user
-        tasks = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == os.getuid():
-                    tasks += len(os.listdir(f"/proc/{pid}/task"))
-            except OSError:
-                continue
-        wanted["nproc"] = (r.RLIMIT_NPROC, tasks + cfg["max_procs"], tasks + cfg["max_procs"])
-    active = []
-    for name, (res, soft, hard) in wanted.items():
-        cur_hard = r.getrlimit(res)[1]
-        if cur_hard != r.RLIM_INFINITY:
-            hard = min(hard, cur_hard)
-            soft = min(soft, hard)
-        with contextlib.suppress(ValueError, OSError):
-            r.setrlimit(res, (soft, hard))
-            active.append(f"rlimit:{name}")
-    return active
-
-
-def _landlock(libc, workdir: str) -> list[str]:
-    """Deny writes outside ``workdir`` (and TCP, signals to others on newer kernels) with Landlock."""
-    import struct
-
-    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) returns the ABI version
-    abi = _ccall(libc.syscall, 444, None, 0, 1)
-    if abi < 1:
-        return []
-    write_fs = 0b1_1111_1111_0010  # WRITE_FILE REMOVE_DIR REMOVE_FILE MAKE_{CHAR,DIR,REG,SOCK,FIFO,BLOCK,SYM}
-    write_fs |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)  # REFER TRUNCATE
-    net = 0b11 if abi >= 4 else 0  # BIND_TCP CONNECT_TCP
-    scoped = 0b11 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET SIGNAL
-    attr = struct.pack("<QQQ", write_fs, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
-    ruleset = _ccall(libc.syscall, 444, attr, len(attr), 0)
-    if ruleset < 0:
-        return []
-    try:
-        for path, access in ((workdir, write_fs), (os.devnull, write_fs & (1 << 1 | 1 << 14))):
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = struct.pack("<Qi", access, fd)  # struct landlock_path_beneath_attr
-                _ccall(libc.syscall, 445, ruleset, 1, rule, 0)  # LANDLOCK_RULE_PATH_BENEATH
-            finally:
-                os.close(fd)
-        if _ccall(libc.syscall, 446, ruleset, 0) != 0:
-            return []
-    finally:
-        os.close(ruleset)
-    return ["fs:landlock"] + (["net:landlock"] if net else []) + (["signal:landlock"] if scoped else [])
-
-
-def _drop_capabilities(libc) -> bool:
-    """Clear the effective, permitted and inheritable capabilities (root keeps its uid, loses its powers)."""
-    import ctypes
-
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = (ctypes.c_uint32 * 6)()
-    return libc.capset(header, data) == 0
-
-
-def _seccomp(libc) -> bool:
-    """Install the x86-64 seccomp filter (see ``_DENY_X86_64``); False on other architectures or failure."""
-    import ctypes
-    import struct
-
-    if os.uname().machine != "x86_64":
-        return False
-    ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06
-    allow, eperm, enosys = 0x7FFF0000, 0x00050001, 0x00050026
-
-    def ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-        return struct.pack("<HBBI", code, jt, jf, k)
-
-    prog = [ins(ld, 4), ins(jeq, 0xC000003E, 1, 0), ins(ret, 0x80000000), ins(ld, 0)]  # arch check, nr
-    prog += [ins(jge, 0x40000000, 0, 1), ins(ret, eperm)]  # the x32 ABI
-    for nr in _DENY_X86_64:
-        prog += [ins(jeq, nr, 0, 1), ins(ret, eperm)]
-    prog += [ins(jeq, 435, 0, 1), ins(ret, enosys)]  # clone3: glibc falls back to clone for threads
-    # clone: only threads (CLONE_THREAD in the flags, the low word of argument 0 at offset 16)
-    prog += [
-        ins(jeq, 56, 0, 4),
-        ins(ld, 16),
-        ins(jset, _CLONE_THREAD, 0, 1),
-        ins(ret, allow),
-        ins(ret, eperm),
-    ]
-    for nr in _SELF_SIGNAL_X86_64:  # signals only to this process
-        prog += [
-            ins(jeq, nr, 0, 4),
-            ins(ld, 16),
-            ins(jeq, os.getpid(), 0, 1),
-            ins(ret, allow),
-            ins(ret, eperm),
-        ]
-    prog.append(ins(ret, allow))
-
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
-    fprog = Fprog(len(prog), b"".join(prog))
-    return _ccall(libc.prctl, 22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-
-
-def _install_audit_hook(workdir: str) -> None:
-    """Refuse process creation, sockets (except local pairs), ctypes calls and writes outside ``workdir``."""
-    root, me = os.path.realpath(workdir), os.getpid()
-
-    def inside(path, dir_fd=None) -> bool:
-        try:
-            if isinstance(path, int):
-                full = os.readlink(f"/proc/self/fd/{path}")
-            else:
-                p = os.fsdecode(path)
-                rel = isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(p)
-                base = os.readlink(f"/proc/self/fd/{dir_fd}") if rel else os.getcwd()
-                full = os.path.realpath(os.path.join(base, p))
-        except (OSError, TypeError, ValueError):
-            return False
-        return full == root or full.startswith(root + os.sep)
-
-    def hook(event: str, args: tuple) -> None:
-        if event in _AUDIT_DENY:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event.startswith("socket."):
-            if event != "socket.__new__" or args[1] != 1:  # AF_UNIX sockets exist only as connected pairs
-                raise PermissionError("sandbox: network access is disabled")
-        elif event == "os.kill" and args[0] != me:
-            raise PermissionError("sandbox: signals to other processes are not allowed")
-        elif event == "open":
-            path, mode, flags = args
-            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else (flags or 0) & _WRITE_FLAGS
-            if writes and path is not None and not isinstance(path, int) and not inside(path):
-                raise PermissionError(f"sandbox: writing {path!r} outside the working directory is refused")
-        elif event in _AUDIT_PATHS:
-            for i, d in _AUDIT_PATHS[event]:
-                if not inside(args[i], args[d] if d is not None else None):
-                    raise PermissionError(f"sandbox: {event} on {args[i]!r} outside the working directory")
-
-    sys.addaudithook(hook)
-
-
-def _exec_program(code: str) -> None:
-    """Run ``code`` as ``__main__``; on an exception print its traceback (minus sandbox frames) and exit 1."""
-    import linecache
-    import traceback
-    import types
-
-    linecache.cache["<python>"] = (len(code), None, code.splitlines(True), "<python>")
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    sys.argv = ["<python>"]
-    try:
-        exec(compile(code, "<python>", "exec"), main.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        main.__dict__.clear()  # release what the program allocated before formatting the traceback
-        te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
-        te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != _LAUNCHER])
-        sys.stderr.write("".join(te.format()))
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    _child_main(sys.argv[1])

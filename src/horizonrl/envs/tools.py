@@ -9,6 +9,12 @@ call becomes a :class:`ToolCallError` whose ``message`` is a short observation
 that says what is wrong and shows the correct format. An unterminated tag at the
 very end of the text is accepted when its JSON is complete (generation stopped at
 a ``</tool_call>`` stop string); any other unterminated tag is an error.
+
+Both parsers look at the first :data:`horizonrl.textparse.MAX_TEXT_CHARS` characters
+only and run in linear time (:mod:`horizonrl.textparse`); call bodies are decoded by
+:func:`horizonrl.textparse.load_json`, so JSON nested deeper than ``MAX_JSON_DEPTH``
+or an integer over ``MAX_JSON_INT_DIGITS`` digits is a ``too_large`` error
+observation, not a ``RecursionError``/``ValueError``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from horizonrl.textparse import JSONError, cap_text, first_block, iter_blocks, load_json
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -87,7 +95,8 @@ class ToolCall:
 class ToolCallError:
     """A malformed call. ``message`` is the observation shown to the model.
 
-    ``kind`` is one of ``unterminated``, ``invalid_json``, ``not_object``,
+    ``kind`` is one of ``unterminated``, ``invalid_json``, ``too_large`` (JSON nested
+    or an integer over the limits of :mod:`horizonrl.textparse`), ``not_object``,
     ``missing_name``, ``unknown_tool``, ``bad_arguments``, ``invalid_arguments``.
     """
 
@@ -98,8 +107,17 @@ class ToolCallError:
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """The exact, parsable text of a call (what expert policies emit)."""
-    return f"{TOOL_OPEN}{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}{TOOL_CLOSE}"
+    """The exact, parsable text of a call (what expert policies emit).
+
+    A ``<tool_call>`` or ``</tool_call>`` inside a string is written with ``<`` as ``\\u003c`` (the
+    same JSON string), so :func:`parse_tool_calls` gives back exactly ``name`` and ``arguments``.
+    """
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    if "tool_call>" in body:
+        body = body.replace(TOOL_OPEN, "\\u003c" + TOOL_OPEN[1:]).replace(
+            TOOL_CLOSE, "\\u003c" + TOOL_CLOSE[1:]
+        )
+    return f"{TOOL_OPEN}{body}{TOOL_CLOSE}"
 
 
 def format_answer(answer: Any) -> str:
@@ -111,36 +129,31 @@ def parse_answer(text: str) -> str | None:
 
     An unterminated ``<answer>`` runs to the end of the text.
     """
-    start = text.find(ANSWER_OPEN)
-    if start < 0:
-        return None
-    start += len(ANSWER_OPEN)
-    end = text.find(ANSWER_CLOSE, start)
-    return (text[start:] if end < 0 else text[start:end]).strip()
+    text = cap_text(text)
+    block = first_block(text, ANSWER_OPEN, ANSWER_CLOSE)
+    return None if block is None else text[block.body_start : block.body_end].strip()
 
 
 def parse_tool_calls(text: str, tools: Sequence[Tool] | None = None) -> list[ToolCall | ToolCallError]:
-    """Every ``<tool_call>`` block of ``text`` in order, parsed and (when ``tools`` is given) validated."""
-    by_name = {t.name: t for t in tools} if tools is not None else None
+    """Every ``<tool_call>`` block of ``text`` in order, parsed and (when ``tools`` is given) validated.
+
+    A block ends at its ``</tool_call>`` or, unterminated, where the next ``<tool_call>`` begins.
+    """
+    text = cap_text(text)
+    ctx = _Context(tools)
     out: list[ToolCall | ToolCallError] = []
-    pos = 0
-    while (i := text.find(TOOL_OPEN, pos)) >= 0:
-        start = i + len(TOOL_OPEN)
-        close = text.find(TOOL_CLOSE, start)
-        nxt = text.find(TOOL_OPEN, start)
-        if close >= 0 and (nxt < 0 or close < nxt):
-            out.append(_parse_body(text[start:close], by_name))
-            pos = close + len(TOOL_CLOSE)
+    for block in iter_blocks(text, TOOL_OPEN, TOOL_CLOSE):
+        body = text[block.body_start : block.body_end]
+        if block.closed:
+            out.append(_parse_body(body, ctx))
             continue
-        end = nxt if nxt >= 0 else len(text)
-        body = text[start:end]
-        parsed = _parse_body(body, by_name) if nxt < 0 else None
+        at_end = block.end == len(text)
+        parsed = _parse_body(body, ctx) if at_end else None
         if parsed is None or (
             isinstance(parsed, ToolCallError) and parsed.kind in ("invalid_json", "not_object")
         ):
-            parsed = _error("unterminated", f"tool call is missing {TOOL_CLOSE}", body, by_name)
+            parsed = ctx.error("unterminated", f"tool call is missing {TOOL_CLOSE}", body)
         out.append(parsed)
-        pos = end
     return out
 
 
@@ -152,36 +165,51 @@ def error_format_hint(tools: Sequence[Tool] | None, name: str | None = None) -> 
     return f'Format: {TOOL_OPEN}{{"name": "<tool>", "arguments": {{...}}}}{TOOL_CLOSE}'
 
 
-def _parse_body(body: str, by_name: dict[str, Tool] | None) -> ToolCall | ToolCallError:
+class _Context:
+    """The tools of one :func:`parse_tool_calls` call, with each format hint built once (a message with
+    thousands of broken calls costs one ``example_call`` per tool, not one per call)."""
+
+    def __init__(self, tools: Sequence[Tool] | None):
+        self.tools = list(tools) if tools is not None else None
+        self.by_name = {t.name: t for t in self.tools} if self.tools is not None else None
+        self._hints: dict[str | None, str] = {}
+
+    def error(self, kind: str, what: str, raw: str, name: str | None = None) -> ToolCallError:
+        key = name if self.by_name is not None and name in self.by_name else None
+        hint = self._hints.get(key)
+        if hint is None:
+            hint = self._hints[key] = error_format_hint(self.tools, key)
+        return ToolCallError(kind, f"Error: {what}. {hint}", raw, name)
+
+
+def _shown(name: str, limit: int = 60) -> str:
+    """A model-written name as quoted in an error observation: at most ``limit`` characters."""
+    return name if len(name) <= limit else name[: limit - 3] + "..."
+
+
+def _parse_body(body: str, ctx: _Context) -> ToolCall | ToolCallError:
     try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return _error("invalid_json", f"tool call is not valid JSON ({e.msg} at char {e.pos})", body, by_name)
+        obj = load_json(body)
+    except JSONError as e:
+        what = "tool call is not valid JSON" if e.kind == "invalid_json" else "tool call JSON is too large"
+        return ctx.error(e.kind, f"{what} ({e.msg})", body)
     if not isinstance(obj, dict):
-        return _error(
-            "not_object", 'tool call must be a JSON object with "name" and "arguments"', body, by_name
-        )
+        return ctx.error("not_object", 'tool call must be a JSON object with "name" and "arguments"', body)
     name = obj.get("name")
     if not isinstance(name, str) or not name:
-        return _error("missing_name", 'tool call has no "name" string', body, by_name)
+        return ctx.error("missing_name", 'tool call has no "name" string', body)
+    by_name = ctx.by_name
     if by_name is not None and name not in by_name:
         known = ", ".join(sorted(by_name)) or "none"
-        return _error("unknown_tool", f'unknown tool "{name}"; available: {known}', body, by_name)
+        return ctx.error("unknown_tool", f'unknown tool "{_shown(name)}"; available: {known}', body)
     arguments = obj.get("arguments", {})
     if not isinstance(arguments, dict):
-        return _error("bad_arguments", '"arguments" must be a JSON object', body, by_name, name)
+        return ctx.error("bad_arguments", '"arguments" must be a JSON object', body, name)
     if by_name is not None:
         problem = by_name[name].validate(arguments)
         if problem is not None:
-            return _error("invalid_arguments", problem, body, by_name, name)
+            return ctx.error("invalid_arguments", problem, body, name)
     return ToolCall(name, arguments)
-
-
-def _error(
-    kind: str, what: str, raw: str, by_name: dict[str, Tool] | None, name: str | None = None
-) -> ToolCallError:
-    hint = error_format_hint(list(by_name.values()) if by_name is not None else None, name)
-    return ToolCallError(kind, f"Error: {what}. {hint}", raw, name)
 
 
 def _type_ok(value: Any, want: str) -> bool:

@@ -23,6 +23,12 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     greedy: bool = False
+    #: Also report the ``top_logprobs`` most likely tokens at each step (``Generation.meta["top_logprobs"]``:
+    #: one list of ``(token_id, logprob)`` pairs per generated token, under the same distribution as
+    #: ``logprobs``); 0 = off. Engines that cannot report them set ``supports_top_logprobs = False``.
+    top_logprobs: int = 0
+    #: Keep generating after an end-of-sequence token (benchmarks; the token stays in the output).
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -31,6 +37,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"SamplingParams.top_logprobs must be in [0, 20], got {self.top_logprobs}")
 
 
 @dataclass
@@ -45,6 +53,12 @@ class Generation:
 
 
 class Engine(ABC):
+    #: Whether ``generate`` honours ``SamplingParams.top_logprobs`` / ``SamplingParams.ignore_eos``.
+    supports_top_logprobs: bool = False
+    supports_ignore_eos: bool = False
+    #: Whether ``generate`` accepts ``interrupt=`` (see :meth:`HFEngine.generate`): serving preemption.
+    supports_interrupt: bool = False
+
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per prompt.
@@ -61,4 +75,11 @@ class Engine(ABC):
         """Log-prob of every continuation token given its context (teacher forcing, no grad)."""
 
     def sync(self, state_dict: Mapping | None = None) -> None:  # noqa: B027
-        """Load new policy weights (no-op for engines that share the training model)."""
+        """Load new policy weights: ``state_dict`` if given; ``None`` means "the training model
+        changed" (a no-op for engines that run it, a pull for engines that keep their own copy)."""
+
+    def sleep(self) -> None:  # noqa: B027
+        """Free accelerator memory until the next ``sync``/``generate`` (colocated training)."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release processes and files (the engine cannot be used afterwards)."""

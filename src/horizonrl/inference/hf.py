@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.seeding import request_uniforms
+from horizonrl.inference.stops import StopWatcher, as_id_set
 
 __all__ = ["HFEngine"]
 
@@ -41,11 +42,6 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
     finally:
         if was_training:
             model.train()
-
-
-def _as_id_set(value) -> set[int]:
-    """``None``, one id or several ids -> a set of ids."""
-    return set() if value is None else {int(value)} if isinstance(value, int) else {int(v) for v in value}
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device):
@@ -95,45 +91,11 @@ def _draw(
     return cols.gather(-1, pick).squeeze(-1)
 
 
-class _StopWatcher:
-    """Incremental detokenizer for one row: decodes only the newest tokens and looks for stop strings.
-
-    Keeps a small window of already-decoded tokens as context (as vLLM/TGI do) so that
-    byte-fallback pieces and leading-space tokens decode correctly; text ending in an
-    incomplete UTF-8 sequence is checked up to that point but only committed once complete.
-    """
-
-    def __init__(self, tokenizer, stops: Sequence[str]):
-        self.tok = tokenizer
-        self.stops = tuple(s for s in stops if s)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.text = ""
-        self.prefix, self.read = 0, 0  # start of the context window; ids before ``read`` are decoded
-
-    def push(self, ids: list[int]) -> str | None:
-        """``ids`` is the row's generated ids so far (newest last); return the matched stop string, if any."""
-        decode = functools.partial(self.tok.decode, skip_special_tokens=False)
-        prev = decode(ids[self.prefix : self.read]) if self.read > self.prefix else ""
-        full = decode(ids[self.prefix :])
-        delta = full[len(prev) :]
-        if delta.endswith("\ufffd"):  # incomplete character: check what is complete, commit nothing yet
-            delta = delta.rstrip("\ufffd")
-            text = self.text + delta
-        else:
-            self.prefix, self.read = self.read, len(ids)
-            self.text = text = self.text + delta
-        if not delta:
-            return None
-        window = text[-(len(delta) + self.longest - 1) :]
-        self.text = self.text[-self.longest :]  # only a stop string's length of history is ever needed
-        for stop in self.stops:
-            if stop in window:
-                return stop
-        return None
-
-
 class HFEngine(Engine):
     """Batched KV-cache sampler over a Hugging Face causal LM.
+
+    Honours ``SamplingParams.top_logprobs`` and ``ignore_eos``; ``generate(..., interrupt=f)`` stops early
+    when ``f(steps)`` says so (the serving scheduler's preemption point).
 
     Args:
         model: any ``transformers`` causal LM (``model(input_ids, attention_mask, position_ids, ...)``).
@@ -144,6 +106,10 @@ class HFEngine(Engine):
         compact_fraction: finished rows are dropped from the batch and cache once at least this
             fraction of the running rows has finished (0 drops them at once; 1 never drops them).
     """
+
+    supports_top_logprobs = True
+    supports_ignore_eos = True
+    supports_interrupt = True
 
     def __init__(
         self,
@@ -164,10 +130,10 @@ class HFEngine(Engine):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
-        eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
-        eos |= _as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
+        eos |= as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         #: Token ids that end a generation (tokenizer + generation config); public, may be replaced.
-        self.eos_ids = frozenset(eos or _as_id_set(getattr(model.config, "eos_token_id", None)))
+        self.eos_ids = frozenset(eos or as_id_set(getattr(model.config, "eos_token_id", None)))
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         params = inspect.signature(model.forward).parameters
@@ -204,10 +170,9 @@ class HFEngine(Engine):
         except TypeError:  # older transformers
             return DynamicCache()
 
-    def _sample(
-        self, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw one token per row; return ``(tokens, logprobs)`` under the temperature-scaled distribution.
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None = None):
+        """Draw one token per row; return ``(tokens, logprobs, top)`` under the temperature-scaled
+        distribution; ``top`` is ``(logprobs, ids)`` of the ``params.top_logprobs`` best tokens, or None.
 
         ``uniforms`` (``[rows, 1]``) are the rows' draws under request seeding; None draws from the
         engine's generator.
@@ -215,17 +180,26 @@ class HFEngine(Engine):
         x = logits.float()
         if params.greedy:
             tokens = x.argmax(dim=-1)
-            return tokens, x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, -1)
-        if params.temperature != 1:
-            x = x / params.temperature
-        peak = x.amax(dim=-1, keepdim=True)
-        weights = (x - peak).exp_()  # unnormalised probabilities, max 1
-        total = weights.sum(dim=-1, keepdim=True)
-        if params.top_p < 1:
-            tokens = self._draw_nucleus(weights, total, params.top_p, uniforms)
+            lse = torch.logsumexp(x, -1)
+            lp = x.gather(-1, tokens[:, None]).squeeze(-1) - lse
+            lse = lse[:, None]
         else:
-            tokens = _draw(weights, self._generator, uniforms=uniforms)
-        return tokens, (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
+            if params.temperature != 1:
+                x = x / params.temperature
+            peak = x.amax(dim=-1, keepdim=True)
+            weights = (x - peak).exp_()  # unnormalised probabilities, max 1
+            total = weights.sum(dim=-1, keepdim=True)
+            if params.top_p < 1:
+                tokens = self._draw_nucleus(weights, total, params.top_p, uniforms)
+            else:
+                tokens = _draw(weights, self._generator, uniforms=uniforms)
+            lp = (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
+            lse = peak + total.log() if params.top_logprobs else None
+        top = None
+        if params.top_logprobs:
+            best = x.topk(min(params.top_logprobs, x.shape[-1]), dim=-1)
+            top = (best.values - lse, best.indices)
+        return tokens, lp, top
 
     def _draw_nucleus(
         self, weights: torch.Tensor, total: torch.Tensor, top_p: float, uniforms: torch.Tensor | None = None
@@ -248,13 +222,26 @@ class HFEngine(Engine):
         return tokens
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, seeds: Sequence[int] | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        interrupt: Callable[[int, list[int]], bool] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prompt (log-probs as in the module docstring).
 
-        A generation ends after an eos id (kept in ``ids``), after the token that completes a stop
-        string (kept; ``text`` is the decode of ``ids`` without special tokens), or after
-        ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos id or stop string.
+        A generation ends after an eos id (kept in ``ids``; not with ``params.ignore_eos``), after the
+        token that completes a stop string (kept; ``text`` is the decode of ``ids`` without special
+        tokens), or after ``max_new_tokens`` (``finish_reason="length"``); ``meta["stop"]`` is the eos
+        id or stop string. With ``params.top_logprobs = k``, ``meta["top_logprobs"]`` holds the ``k``
+        most likely ``(id, logprob)`` pairs of every step.
+
+        ``interrupt(steps, live)`` is asked after every decode step of a batch chunk (``live``: the
+        indices into ``prompts`` of its rows still generating); when it returns True the chunk stops
+        there and its unfinished rows end with ``finish_reason="length"`` and ``meta["interrupted"] =
+        True`` (a scheduler continues them later from ``prompt + ids``).
+
         With ``seeds`` (one int per prompt) token ``t`` of prompt ``i`` is drawn with
         ``request_uniforms(seeds[i], t)`` instead of the engine generator, so the result does not
         depend on the batch (:mod:`horizonrl.inference.seeding`).
@@ -272,13 +259,22 @@ class HFEngine(Engine):
         with _eval_mode(self.model):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
+                stop_early = None
+                if interrupt is not None:
+                    stop_early = functools.partial(
+                        lambda c, steps, local: interrupt(steps, [c[i] for i in local]), chunk
+                    )
                 chunk_seeds = None if seeds is None else [int(seeds[i]) for i in chunk]
-                gens = self._generate_chunk([prompts[i] for i in chunk], params, chunk_seeds)
+                gens = self._generate_chunk([prompts[i] for i in chunk], params, stop_early, chunk_seeds)
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
 
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        interrupt: Callable[[int, list[int]], bool] | None = None,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         n = len(prompts)
         seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
@@ -290,19 +286,22 @@ class HFEngine(Engine):
         out_ids: list[list[int]] = [[] for _ in range(n)]
         reasons = ["length"] * n
         meta: list[dict] = [{} for _ in range(n)]
-        watchers = [_StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
-        eos = self.eos_ids
+        watchers = [StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
+        eos = frozenset() if params.ignore_eos else self.eos_ids
         rows = list(range(n))  # batch row -> prompt index
         live = [True] * n  # per batch row: still generating
         steps: list[tuple[list[int], torch.Tensor]] = []  # (rows, logprobs) per step, fetched at the end
+        tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logprobs, ids) of the best tokens per step
         ones = torch.ones((n, 1), dtype=mask.dtype, device=self.device)
         for step in range(params.max_new_tokens):
             u = None
             if seed_arr is not None and not params.greedy:
                 u = torch.from_numpy(request_uniforms(seed_arr[rows], step)[:, None])
                 u = u.to(device=self.device, dtype=udtype)
-            tokens, logprobs = self._sample(logits, params, u)
+            tokens, logprobs, top = self._sample(logits, params, u)
             steps.append((rows, logprobs))
+            if top is not None:
+                tops.append(top)
             for r, tok in enumerate(tokens.tolist()):
                 if not live[r]:
                     continue
@@ -314,6 +313,11 @@ class HFEngine(Engine):
             n_live = sum(live)
             if n_live == 0 or step == params.max_new_tokens - 1:
                 break
+            if interrupt is not None and interrupt(step + 1, [rows[r] for r in range(len(rows)) if live[r]]):
+                for r in range(len(rows)):
+                    if live[r]:
+                        meta[rows[r]]["interrupted"] = True
+                break
             if n_live < len(rows) and (len(rows) - n_live) >= self.compact_fraction * len(rows):
                 keep = [r for r in range(len(rows)) if live[r]]
                 index = torch.tensor(keep, device=self.device)
@@ -324,12 +328,18 @@ class HFEngine(Engine):
             logits = self._forward(tokens[:, None], mask, next_pos, cache, keep=1)[:, -1]
             next_pos = next_pos + 1
         flat = torch.cat([lp for _, lp in steps]).tolist() if steps else []
+        top_lp = torch.cat([t[0] for t in tops]).tolist() if tops else []
+        top_ids = torch.cat([t[1] for t in tops]).tolist() if tops else []
         out_lp: list[list[float]] = [[] for _ in range(n)]
         k = 0
         for step_rows, _ in steps:
             for i in step_rows:
                 if len(out_lp[i]) < len(out_ids[i]):
                     out_lp[i].append(flat[k])
+                    if tops:
+                        meta[i].setdefault("top_logprobs", []).append(
+                            list(zip(top_ids[k], top_lp[k], strict=True))
+                        )
                 k += 1
         tok = self.tokenizer
         texts = tok.batch_decode(out_ids, skip_special_tokens=True) if tok is not None else [""] * n
@@ -382,3 +392,7 @@ class HFEngine(Engine):
         """Load ``state_dict`` into the engine's model (a separate copy); no-op when None (shared model)."""
         if state_dict is not None:
             self.model.load_state_dict(state_dict)
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]:
+        """The weights the engine samples from."""
+        return self.model.state_dict()

@@ -106,10 +106,11 @@ class EngineReplica:
 
         return {"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "version": self.version}
 
+    def sleep(self) -> None:
+        self.engine.sleep()
+
     def shutdown(self) -> bool:
-        close = getattr(self.engine, "close", None) or getattr(self.engine, "shutdown", None)
-        if callable(close):
-            close()
+        self.engine.close()
         self.engine = None
         gc.collect()
         return True
@@ -190,6 +191,14 @@ class RayEngine(Engine):
         self.version += 1
         self._ray.get([r.load.remote(ref, self.version) for r in self.replicas])
         del ref
+
+    def sleep(self) -> None:
+        """Every replica frees its accelerator memory until the next sync / generate (colocated)."""
+        self._ray.get([r.sleep.remote() for r in self.replicas])
+
+    def state_dict(self):
+        """The weights the replicas sample from (the followed model, or the copy of the last sync)."""
+        return self.model.state_dict()
 
     def set_seed(self, seed: int) -> None:
         self.seeds.set_seed(seed)

@@ -78,3 +78,17 @@ def _hf(model, tokenizer, *, device, max_batch_size, seed, shared=True, **params
     if not shared:  # a frozen copy that only ``sync`` updates
         model = copy.deepcopy(model).eval().requires_grad_(False)
     return HFEngine(model, tokenizer, device=device, max_batch_size=max_batch_size, seed=seed, **params)
+
+
+#: Engine parameters the trainer sets itself (not the user's to give in ``inference.params``).
+TRAINER_SET = ("self", "model", "tokenizer", "device", "max_batch_size", "seed", "shared")
+
+
+def engine_parameters(name: str) -> Callable | None:
+    """The callable whose keyword parameters ``inference.params`` of engine ``name`` are checked
+    against (minus :data:`TRAINER_SET`); None when they pass to a third-party engine unchecked."""
+    if name == "hf":
+        from horizonrl.inference.hf import HFEngine
+
+        return HFEngine.__init__
+    return None

@@ -6,7 +6,7 @@ every other prompt of the call, so splitting a call across replicas (Ray) or
 ranks (torchrun) would change the samples. With *request seeding*:
 
 - the engine's RNG (a ``torch.Generator``, checkpointed like the local one)
-  draws one 63-bit seed per prompt of each ``generate`` call, in prompt order
+  draws one seed in ``[0, 2**62)`` (vLLM's range) per prompt of each ``generate`` call, in prompt order
   (:class:`RequestSeeds`);
 - the uniform that draws token ``t`` of a request with seed ``s`` is a pure
   function of ``(s, t)`` (:func:`request_uniforms`: SplitMix64 of
@@ -56,7 +56,7 @@ class RequestSeeds:
     def draw(self, n: int) -> list[int]:
         if n == 0:
             return []
-        return torch.randint(0, 2**63 - 1, (n,), generator=self.generator, dtype=torch.int64).tolist()
+        return torch.randint(0, 2**62, (n,), generator=self.generator, dtype=torch.int64).tolist()
 
     def set_seed(self, seed: int) -> None:
         self.generator.manual_seed(int(seed))
@@ -78,6 +78,8 @@ class SeededEngine(Engine):
     def __init__(self, engine: Engine, seed: int = 0) -> None:
         self.inner = engine
         self.seeds = RequestSeeds(seed)
+        self.supports_top_logprobs = engine.supports_top_logprobs
+        self.supports_ignore_eos = engine.supports_ignore_eos
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -90,6 +92,12 @@ class SeededEngine(Engine):
 
     def sync(self, state_dict=None) -> None:
         self.inner.sync(state_dict)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def set_seed(self, seed: int) -> None:
         self.seeds.set_seed(seed)

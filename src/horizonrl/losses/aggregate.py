@@ -10,7 +10,8 @@ mode                        value
 ``token-mean``              ``sum(w l) / sum(w)`` over the whole batch
 ``seq-mean-token-mean``     mean over rows of ``sum_row(w l) / sum_row(w)``
 ``seq-mean-token-sum``      mean over rows of ``sum_row(w l)``
-``seq-mean-token-sum-norm`` ``sum(w l) / (num_rows * T)``, ``T`` = padded length (Dr.GRPO)
+``seq-mean-token-sum-norm`` ``sum(w l) / (num_rows * L)``, ``L`` = a constant, the generation
+                            budget (``norm_tokens``; Dr.GRPO); without one, the padded width
 ``rollout-mean-token-mean`` mean over rollouts of ``sum_rollout(w l) / sum_rollout(w)``,
                             summing over every row of the rollout (``rollout_ids``)
 =========================== ==================================================================
@@ -62,12 +63,17 @@ def _safe_inverse(x: Tensor) -> Tensor:
     return torch.where(x > 0, 1.0 / torch.where(x > 0, x, torch.ones_like(x)), torch.zeros_like(x))
 
 
-def token_coefficients(weights: Tensor, mode: str, *, rollout_ids: Tensor | None = None) -> Tensor:
+def token_coefficients(
+    weights: Tensor, mode: str, *, rollout_ids: Tensor | None = None, norm_tokens: int | None = None
+) -> Tensor:
     """Per-token coefficients ``c`` with ``aggregate(l, weights, mode) == (c * l).sum()``.
 
     Same shape as ``weights``, detached, floating point (float32 for integer/bool
     weights). ``rollout_ids`` (``[rows]``, any integers) is required for
-    ``rollout-mean-token-mean``.
+    ``rollout-mean-token-mean``. ``norm_tokens`` is Dr.GRPO's constant ``L`` for
+    ``seq-mean-token-sum-norm`` (the generation budget: a constant, so the scale of
+    a token's gradient does not depend on what else is in the batch); without it
+    the padded width of ``weights`` is used.
     """
     _check_mode(mode)
     shape = weights.shape
@@ -85,7 +91,9 @@ def token_coefficients(weights: Tensor, mode: str, *, rollout_ids: Tensor | None
     elif mode == "seq-mean-token-sum":
         coef = w * _safe_inverse(n_rows)
     elif mode == "seq-mean-token-sum-norm":
-        coef = w * _safe_inverse(n_rows * w.shape[1])
+        if norm_tokens is not None and not norm_tokens > 0:
+            raise ValueError(f"norm_tokens must be > 0, got {norm_tokens}")
+        coef = w * _safe_inverse(n_rows * (norm_tokens if norm_tokens is not None else w.shape[1]))
     else:  # rollout-mean-token-mean
         if rollout_ids is None:
             raise ValueError("mode 'rollout-mean-token-mean' needs rollout_ids ([rows] tensor)")
@@ -107,6 +115,7 @@ def aggregate(
     *,
     rollout_ids: Tensor | None = None,
     coefficients: Tensor | None = None,
+    norm_tokens: int | None = None,
 ) -> Tensor:
     """Reduce a per-token ``loss`` ``[rows, T]`` to a scalar according to ``mode``.
 
@@ -121,7 +130,7 @@ def aggregate(
     if coefficients is None:
         if weights.shape != loss.shape:
             raise ValueError(f"weights have shape {tuple(weights.shape)}, loss {tuple(loss.shape)}")
-        coefficients = token_coefficients(weights, mode, rollout_ids=rollout_ids)
+        coefficients = token_coefficients(weights, mode, rollout_ids=rollout_ids, norm_tokens=norm_tokens)
     elif coefficients.shape != loss.shape:
         raise ValueError(f"coefficients have shape {tuple(coefficients.shape)}, loss {tuple(loss.shape)}")
     coefficients = coefficients.to(device=loss.device, dtype=loss.dtype)

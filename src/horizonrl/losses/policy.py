@@ -52,8 +52,9 @@ def policy_loss(
     dual_clip: float | None = None,
     turn_ids: Tensor | None = None,
     logprob_clip: float | None = None,
+    clip: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO-clip loss per token.
+    """PPO-clip loss per token (``clip=False``: the unclipped REINFORCE loss ``-A r``).
 
     ``logprob_clip=c`` first clamps both log-probs to ``[-c, c]`` (RTPO uses 10).
     Then::
@@ -93,6 +94,9 @@ def policy_loss(
         log_ratio = turn_mean_log_ratio(log_ratio, turn_ids)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
+    if not clip:  # REINFORCE with an importance ratio (1 on-policy): grad = -A grad log pi
+        none = torch.zeros_like(unclipped, dtype=torch.bool)
+        return unclipped, {"ratio": ratio.detach(), "clipped": none, "dual_clipped": none}
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)
     clip_mask = clipped > unclipped

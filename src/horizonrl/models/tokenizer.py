@@ -139,7 +139,7 @@ def _strip_markup(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(
-    texts: Iterable[str], *, vocab_size: int = 1024, seed: int = 0
+    texts: Iterable[str], *, vocab_size: int = 1024, seed: int = 0, words: Sequence[str] = ()
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` and attach the ChatML + tools chat template.
 
@@ -147,6 +147,8 @@ def train_tokenizer(
     bound: a small corpus yields fewer merges). The result is deterministic for the same texts;
     ``seed`` is accepted for config symmetry and does not change the (deterministic) BPE merges.
     Any byte sequence is encodable (the 256-byte alphabet is always in the vocabulary).
+    ``words`` are added on top of ``vocab_size`` as whole-word tokens (never matched inside a
+    longer word), e.g. entity names a tiny model must copy as one token.
     """
     del seed  # BPE training has no randomness; kept so configs can pass it uniformly.
     n_base = 256 + len(SPECIAL_TOKENS)
@@ -170,6 +172,8 @@ def train_tokenizer(
     tok.train_from_iterator(_strip_markup([*_TEMPLATE_TEXTS, *texts]), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    if words:
+        tok.add_tokens([AddedToken(w, special=False, normalized=False, single_word=True) for w in words])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,

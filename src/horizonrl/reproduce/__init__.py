@@ -29,17 +29,24 @@ def reproduce(
     from horizonrl.reproduce.report import collect, write_page
 
     log = settings.log
-    meta = warm_start(paper, settings) if not report_only else _meta(paper, settings)
-    g = meta["gate"]
-    log(f"[gate] warm-start pass@1 on the training distribution {g['pass@1']:.3f} (gate {list(paper.gate)})")
-    for c in meta.get("checks") or []:
-        flag = "" if c.get("ok", True) else "  FAILED"
-        log(f"[check] {c['name']} = {c['value']} (target {c['target']}){flag}")
-    check_gate(paper, meta, settings)
+    used = {paper.arm(a).scenario for a in settings.arms} if settings.arms else set(paper.scenario_names())
+    metas = {}
+    for scenario in (s for s in paper.scenario_names() if s in used):
+        meta = warm_start(paper, settings, scenario) if not report_only else _meta(paper, settings, scenario)
+        tag = f" ({scenario})" if scenario else ""
+        g = meta["gate"]
+        gate = list(paper.gate)
+        log(f"[gate{tag}] warm-start pass@1 on the training distribution {g['pass@1']:.3f} (gate {gate})")
+        for c in meta.get("checks") or []:
+            flag = "" if c.get("ok", True) else "  FAILED"
+            log(f"[check{tag}] {c['name']} = {c['value']} (target {c['target']}){flag}")
+        metas[scenario] = meta
+    for scenario, meta in metas.items():
+        check_gate(paper, meta, settings, scenario)
     jobs, starts = plan(paper, settings)
     if not report_only:
         run_jobs(paper, settings, jobs)
-    res = collect(paper, settings, meta, jobs, starts)
+    res = collect(paper, settings, metas, jobs, starts)
     for c in res["comparisons"]:
         t = c["t"]
         ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"
@@ -55,10 +62,12 @@ def reproduce(
     return res
 
 
-def _meta(paper: Paper, settings: Settings) -> dict[str, Any]:
+def _meta(paper: Paper, settings: Settings, scenario: str = "") -> dict[str, Any]:
     import json
 
-    path = settings.root(paper) / "warmstart" / "warmstart.json"
+    from horizonrl.reproduce.runner import warmstart_dir
+
+    path = warmstart_dir(paper, settings, scenario) / "warmstart.json"
     if not path.exists():
         raise FileNotFoundError(f"--report-only: no warm start at {path}; run the reproduction first")
     return json.loads(path.read_text())

@@ -7,4 +7,435 @@ to test; ``horizonrl reproduce NAME`` runs it. The numbers these produce are in
 
 from __future__ import annotations
 
-from horizonrl.reproduce.spec import Arm, Comparison, Paper, register_paper  # noqa: F401
+from horizonrl.reproduce.spec import Arm, Comparison, Paper, register_paper
+
+# ---------------------------------------------------------------- RTPO
+
+RTPO_REGIME = (
+    # The embedded tiny model (hidden 128 x 4). A 4-hop lookup at this size fails on copying entity
+    # names (warm-start pass@1 0.0 at hidden 64 x 2, with and without single-token names), so the
+    # long-horizon task is three-operation arithmetic with a calculator: three calls and the answer
+    # (K = 4 turns), with an unreliable tool (a call fails transiently with probability 0.2 and must
+    # be repeated), so randomness after a decision contaminates trajectory-level credit (Eq. 3).
+    "env.knobs={n_ops: 3, max_operand: 20, ops: '+-', tool_noise: 0.2}",
+    "env.train_tasks=4000",
+    "rollout.max_turns=6",
+    "rollout.max_new_tokens=40",
+    "rollout.temperature=0.9",  # paper E.3
+    "rollout.context=turn_summary",
+    "rollout.context_params={summarizer: extract, obs_chars: 80}",
+    "algo.kl_coef=0.02",  # paper E.3: low_var_kl, initial 0.02 (no adaptive controller)
+    "algo.kl_kind=low_var_kl",
+    "algo.logprob_clip=10.0",  # paper E.3: [-10, 10]
+    "optim.weight_decay=0.01",  # paper E.3
+    "optim.lr=1.0e-4",  # paper 1e-6 for 1.5-8B models; scaled to the 0.9M-parameter tiny model
+    "sft.demos=3000",
+    "sft.noise=0.3",
+    "sft.epochs=2",
+)
+
+_GROUP = ("train.trainer=group", "rollout.group_size=8", "rollout.tasks_per_step=4")
+
+
+@register_paper("rtpo")
+def rtpo() -> Paper:
+    return Paper(
+        name="rtpo",
+        title="RTPO: reverse-turn policy optimization vs flattened GRPO and SeeUPO",
+        claim=(
+            "Training each turn under the exact context it was sampled from keeps the rollout/train ratio at "
+            "1 where flattened-history training drifts (Sec. 4.2, Fig. 3), and RTPO's on-policy siblings at "
+            "every turn boundary beat flattened GRPO and SeeUPO at a matched budget, on-policy siblings "
+            "beating reused off-policy continuations (Sec. 4.3-4.4, Table 1)."
+        ),
+        base="rtpo_arithmetic",
+        overrides=RTPO_REGIME,
+        arms=(
+            Arm(
+                "rtpo",
+                (
+                    "train.trainer=rtpo",
+                    "rtpo.trunks_per_task=2",
+                    "rtpo.siblings=4",
+                    "rollout.tasks_per_step=4",
+                ),
+                help="trunks + 3 on-policy siblings per boundary",
+            ),
+            Arm(
+                "rtpo_offpolicy",
+                (
+                    "train.trainer=rtpo",
+                    "rtpo.trunks_per_task=2",
+                    "rtpo.siblings=4",
+                    "rollout.tasks_per_step=4",
+                    "rtpo.off_policy=true",
+                ),
+                help="siblings sampled once by theta_0, clamped trajectory IS weight",
+            ),
+            Arm(
+                "grpo_flat",
+                (*_GROUP, "algo.train_context=flat"),
+                help="the paper's GRPO: trained on the flattened full history, pi_old as recorded",
+            ),
+            Arm(
+                "grpo_flat_recompute",
+                (*_GROUP, "algo.train_context=flat", "algo.old_logprobs=recompute"),
+                help="flattened GRPO with pi_old recomputed under the training context (verl-style)",
+            ),
+            Arm(
+                "grpo",
+                _GROUP,
+                help="GRPO at the exact sampled contexts (the paper's credit-assignment control)",
+            ),
+            Arm(
+                "seeupo",
+                ("train.trainer=seeupo", "rollout.group_size=8", "rollout.tasks_per_step=4"),
+                help="independent chains, reverse per-turn updates over flat histories",
+            ),
+        ),
+        comparisons=(
+            Comparison("rtpo", "grpo_flat", "RTPO > flattened GRPO"),
+            Comparison("rtpo", "grpo_flat_recompute", "RTPO > flattened GRPO (recomputed pi_old)"),
+            Comparison("rtpo", "seeupo", "RTPO > SeeUPO"),
+            Comparison("rtpo", "grpo", "RTPO > exact-context GRPO (credit assignment alone)"),
+            Comparison("rtpo", "rtpo_offpolicy", "on-policy siblings > off-policy continuations"),
+        ),
+        budget_tokens=120_000,
+        eval_temperature=0.6,
+        diagnostics=("train/kl_rollout_train", "rtpo/is_weight_mean", "rollout/turns_mean"),
+        notes=(
+            "Task: three-operation `arithmetic` with a calculator that fails transiently with probability "
+            "0.2 (K = 4 turns, up to 6 with retries), under the extractive turn-summary map psi, so the "
+            "context a turn saw differs from its full history and later randomness contaminates "
+            "trajectory-level credit. Model: the embedded tiny model (hidden 128 x 4 layers); a 4-hop "
+            "lookup was tried first and abandoned: its warm start could not copy entity names (pass@1 0.0). "
+            "Each RTPO iteration samples 2 trunks per task for 4 tasks and 3 siblings at every realized "
+            "boundary; group-trainer arms sample 4 tasks x G = 8."
+        ),
+    )
+
+
+# ---------------------------------------------------------------- CCPO
+
+CCPO_REGIME = (
+    "model.tiny_hidden=64",
+    "model.tiny_layers=2",
+    # Five rooms, four objects (distractors), closed containers: the same room text is seen with
+    # different hidden progress (a container opened elsewhere), the case contextual credit is for.
+    "env.knobs={n_rooms: 5, n_objects: 4, max_steps: 18}",
+    "env.train_tasks=4000",
+    "rollout.max_turns=18",
+    "rollout.max_new_tokens=32",
+    "rollout.group_size=8",  # paper: 8 rollouts per task
+    "rollout.tasks_per_step=4",
+    "sft.demos=1500",
+    "sft.noise=0.3",
+    "sft.epochs=2",
+)
+_ETA = 0.01  # the paper's invalid-action penalty 0.1 with R in {0, 10}; here R in {0, 1}
+
+
+@register_paper("ccpo")
+def ccpo() -> Paper:
+    return Paper(
+        name="ccpo",
+        title="CCPO: contextual credit vs GiGPO and GRPO on a rooms game with aliased observations",
+        claim=(
+            "Step credit from observation-matched peers, weighted by frozen-model context similarity, beats "
+            "GiGPO's exact-anchor step groups, which beat trajectory-level GRPO (CCPO > GiGPO > GRPO "
+            "success, ALFWorld Table 1), and CCPO agents revisit observations less (Sec. 5, F.1)."
+        ),
+        base="ccpo_rooms",
+        overrides=CCPO_REGIME,
+        arms=(
+            Arm(
+                "ccpo",
+                ("algo.estimator=ccpo", f"algo.estimator_params={{eta: {_ETA}, obs_key: text}}"),
+                help="peers matched on the observation text (the paper's setting)",
+            ),
+            Arm(
+                "gigpo",
+                (
+                    "algo.estimator=gigpo",
+                    "algo.dual_clip=null",
+                    f"algo.estimator_params={{eta: {_ETA}, obs_key: text, episode: steps}}",
+                ),
+                help="verl-agent GiGPO: step-row episode term with the invalid penalty, text anchors",
+            ),
+            Arm(
+                "grpo",
+                (
+                    "algo.estimator=grpo_steps",
+                    "algo.dual_clip=null",
+                    f"algo.estimator_params={{eta: {_ETA}}}",
+                ),
+                help="verl-agent GRPO over step rows with the invalid-action penalty",
+            ),
+            Arm(
+                "ccpo_state",
+                ("algo.estimator=ccpo", f"algo.estimator_params={{eta: {_ETA}, obs_key: state}}"),
+                help="ablation: peers matched on the hidden world state (perfect anchors)",
+            ),
+        ),
+        comparisons=(
+            Comparison("ccpo", "gigpo", "CCPO > GiGPO"),
+            Comparison("gigpo", "grpo", "GiGPO > GRPO"),
+            Comparison("ccpo", "grpo", "CCPO > GRPO"),
+            Comparison("ccpo", "ccpo_state", "text peers vs perfect (state) anchors"),
+        ),
+        budget_tokens=150_000,
+        eval_temperature=0.4,  # the paper's validation temperature
+        diagnostics=(
+            "rollout/revisit_rate",
+            "rollout/revisit_rate_text",
+            "ccpo/exact_peer_rate",
+            "ccpo/aliased_rate",
+            "rollout/invalid_turn_rate",
+        ),
+        notes=(
+            "Task: `rooms` with 5 rooms, 4 objects and closed containers, up to 18 steps, played by the "
+            "step-wise agent (each prompt = task, last 2 observation-action pairs, current observation, "
+            "admissible actions). Peers and anchors match on the observation text the policy saw. Model: "
+            "the embedded tiny model at hidden 64 x 2 layers. Every arm uses the same loss (dual-clip PPO "
+            "c = 3, low_var_kl 0.01 to the frozen warm start, token-mean; paper C.4 and verl's defaults) "
+            "and differs only in the estimator."
+        ),
+    )
+
+
+# ---------------------------------------------------------------- Mosaic
+
+
+def _mosaic_checks(cfg):
+    from horizonrl.reproduce.checks import mosaic_checks
+
+    return mosaic_checks(cfg)
+
+
+MOSAIC_SHAPING = "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, lambda_r: 0.1}"
+
+
+@register_paper("mosaic")
+def mosaic() -> Paper:
+    lookup = "names: pool, n_entities: 4"
+    return Paper(
+        name="mosaic",
+        title="Mosaic: session-aware credit vs broadcasting and IGPO, under compaction and subagent forking",
+        claim=(
+            "Session-aware trajectory advantages plus marginal-information-gain shaping reach higher "
+            "accuracy than broadcasting one GRPO advantage over all sessions, with fewer sessions per "
+            "trajectory (Table 1, Fig. 3), in both multi-session scenarios; shaping adds to the "
+            "session-aware "
+            "advantage (Fig. 3c/d); IGPO's turn-level information gain costs more wall time (Fig. 3b)."
+        ),
+        base="mosaic_compaction_lookup",
+        overrides=(
+            "model.tiny_name_tokens=true",  # entity names are single tokens
+            "env.train_tasks=4000",
+            "rollout.group_size=8",
+            "rollout.tasks_per_step=4",
+            "optim.lr=1.0e-4",
+            "sft.demos=3000",
+            "sft.epochs=3",
+        ),
+        scenarios={
+            # Mixed 2-3-hop tasks, a session limit that fits about two searches, at most two successful
+            # compactions; the expert's mistakes are mostly redundant searches (fill the context, cost
+            # sessions, and end in a forced answer when the compactions run out) and some early guesses.
+            "compaction": (
+                f"env.knobs={{hops: [2, 3], obs_facts: 3, {lookup}, "
+                "noise_kinds: {guess: 0.5, redundant: 3}}",
+                "rollout.context=compaction",
+                "rollout.context_budget=460",
+                "rollout.max_turns=10",
+                "rollout.context_params={max_compactions: 2, reserve: 48, summary_max_tokens: 96, "
+                "prompts: short}",
+                "sft.noise=0.3",
+            ),
+            # Two-hop tasks; the expert delegates each hop to a subagent, and errs by searching directly,
+            # forking a redundant or an irrelevant second child, or guessing: the number of subagents
+            # (sessions) is a real choice.
+            "fork": (
+                f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, "
+                "fork_noise_kinds: {direct: 2, redundant: 1, irrelevant: 1, guess: 0.5}}",
+                "rollout.context=append",
+                "rollout.agent=fork",
+                "rollout.agent_params={max_subagents: 3, max_forks: 10, prompts: short}",
+                "rollout.context_budget=1024",
+                "rollout.max_turns=6",
+                "rollout.max_new_tokens=64",
+                "sft.noise=0.3",
+            ),
+        },
+        arms=(
+            Arm(
+                "mosaic",
+                ("algo.estimator=mosaic", MOSAIC_SHAPING),
+                scenario="compaction",
+                help="session-aware advantage + IG shaping",
+            ),
+            Arm(
+                "mosaic_noshaping",
+                (
+                    "algo.estimator=mosaic",
+                    "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
+                ),
+                scenario="compaction",
+                help="Eq. 14 only (no information-gain shaping)",
+            ),
+            Arm(
+                "broadcast",
+                ("algo.estimator=broadcast",),
+                scenario="compaction",
+                help="one GRPO advantage on every session, per-rollout token weighting",
+            ),
+            Arm(
+                "igpo",
+                ("algo.estimator=igpo", "algo.kl_coef=0.001"),
+                scenario="compaction",
+                help="turn-level information gain (IGPO), KL 0.001",
+            ),
+            Arm(
+                "fork_mosaic",
+                ("algo.estimator=mosaic", MOSAIC_SHAPING),
+                scenario="fork",
+                help="Mosaic under subagent forking",
+            ),
+            Arm(
+                "fork_mosaic_noshaping",
+                (
+                    "algo.estimator=mosaic",
+                    "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
+                ),
+                scenario="fork",
+                help="Eq. 14 only, forking",
+            ),
+            Arm(
+                "fork_broadcast", ("algo.estimator=broadcast",), scenario="fork", help="broadcasting, forking"
+            ),
+        ),
+        comparisons=(
+            Comparison("mosaic", "broadcast", "Mosaic > broadcasting (compaction)"),
+            Comparison("mosaic", "mosaic_noshaping", "IG shaping adds (compaction)"),
+            Comparison("mosaic", "igpo", "Mosaic > IGPO (compaction)"),
+            Comparison("fork_mosaic", "fork_broadcast", "Mosaic > broadcasting (forking)"),
+            Comparison("fork_mosaic", "fork_mosaic_noshaping", "IG shaping adds (forking)"),
+        ),
+        budget_tokens=200_000,
+        eval_tasks=256,
+        diagnostics=(
+            "rollout/sessions_mean",
+            "rollout/sessions_compaction_mean",
+            "rollout/sessions_subagent_mean",
+            "ig/positive_rate",
+            "ig/score_s",
+            "time/step_s",
+        ),
+        checks=_mosaic_checks,
+        notes=(
+            "Task: `lookup` over generated fact bases with single-token entity names. Compaction: mixed "
+            "2-3-hop questions, sessions of 460 tokens (about two searches), at most 2 compactions, "
+            "summaries sampled at the paper's temperature 0.1 (trained at it). Forking: 2-hop questions, up "
+            "to 3 subagents per fork call. Model: the embedded tiny model (hidden 128 x 4)."
+        ),
+    )
+
+
+# ---------------------------------------------------------------- ECHO
+
+
+def _echo_checks(cfg):
+    from horizonrl.reproduce.checks import echo_checks, with_overrides
+
+    supo = with_overrides(
+        cfg,
+        rollout={"context": "summary", "context_params": {"max_summaries": 5, "summary_tokens": 96,
+                                                          "summary_budget": 1024}},
+    )  # fmt: skip
+    append = with_overrides(cfg, rollout={"context": "append", "context_params": {}})
+    return echo_checks(cfg, supo=supo, append=append)
+
+
+@register_paper("echo")
+def echo() -> Paper:
+    return Paper(
+        name="echo",
+        title="ECHO: selective turn memory with traceable credit vs SUPO and GRPO with truncation",
+        claim=(
+            "Turn memory with learned selection and provenance-routed positive credit beats rolling-summary "
+            "SUPO, which beats GRPO with truncation, with less trajectory volume than SUPO (Table 2, "
+            "Fig. 1-2); removing traceable credit (dense, signed credit) loses part of the gain (Fig. 4)."
+        ),
+        base="echo_lookup",
+        overrides=(
+            "model.tiny_name_tokens=true",
+            "env.knobs={hops: [2, 3, 4], n_entities: 4, obs_facts: 4, names: pool, "
+            "noise_kinds: {distractor: 2, redundant: 1}}",
+            "env.train_tasks=4000",
+            "rollout.context_budget=720",
+            "rollout.max_new_tokens=56",
+            "rollout.max_turns=12",
+            "rollout.group_size=8",
+            "rollout.tasks_per_step=4",
+            "optim.lr=1.0e-4",
+            "sft.demos=3000",
+            "sft.noise=0.5",
+            "sft.epochs=3",
+        ),
+        scenarios={
+            "memory": (
+                "rollout.context=memory",
+                "rollout.context_params={max_selected: 1, keep_latest: 1, max_reconstructions: 5, "
+                "selection_tokens: 48, selection_budget: 1024}",
+            ),
+            "summary": (
+                "rollout.context=summary",
+                "rollout.context_params={max_summaries: 5, summary_tokens: 96, summary_budget: 1024}",
+            ),
+            "append": ("rollout.context=append", "rollout.context_params={}", "rollout.overflow=truncate"),
+        },
+        arms=(
+            Arm(
+                "echo",
+                ("algo.estimator=echo", "algo.estimator_params={sign_rule: positive, dense: false}"),
+                scenario="memory",
+                help="provenance-masked positive credit",
+            ),
+            Arm(
+                "echo_dense",
+                ("algo.estimator=echo", "algo.estimator_params={sign_rule: signed, dense: true}"),
+                scenario="memory",
+                help="w/o traceable credit: dense, signed (plain GRPO over ECHO rollouts)",
+            ),
+            Arm("supo", ("algo.estimator=supo",), scenario="summary", help="SUPO rolling summaries"),
+            Arm(
+                "grpo_truncate",
+                ("algo.estimator=grpo",),
+                scenario="append",
+                help="GRPO, one context, generations truncated to fit",
+            ),
+        ),
+        comparisons=(
+            Comparison("echo", "supo", "ECHO > SUPO"),
+            Comparison("supo", "grpo_truncate", "SUPO > GRPO with truncation"),
+            Comparison("echo", "grpo_truncate", "ECHO > GRPO with truncation"),
+            Comparison("echo", "echo_dense", "traceable credit > dense signed credit"),
+        ),
+        budget_tokens=200_000,
+        diagnostics=(
+            "rollout/trajectory_tokens_mean",
+            "rollout/processed_tokens_mean",
+            "rollout/segments",
+            "rollout/split",
+            "rollout/tool_turns",
+            "rollout/sessions_mean",
+        ),
+        checks=_echo_checks,
+        notes=(
+            "Task: `lookup` with mixed 2-4-hop questions, 4 distractor facts per search, single-token entity "
+            "names; the expert's mistakes are irrelevant or repeated searches (irrelevant turn records). "
+            "ECHO: K = 1 latest record kept, S = 1 selected, at most 5 reconstructions, budget B = 720. "
+            "Each protocol has its own warm start (recorded by running its agent program with the expert); "
+            "overlong rollouts are failures in ECHO's baseline (paper Sec. 5.1). Model: hidden 128 x 4."
+        ),
+    )

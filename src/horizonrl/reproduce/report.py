@@ -29,8 +29,12 @@ def _rates(result: dict[str, Any], index: int = -1) -> np.ndarray:
     return np.asarray(result["per_task"][index], dtype=np.float64) / max(1, result["samples"] or 1)
 
 
-def collect(paper: Paper, settings, meta: dict[str, Any], jobs, starts: dict[str, Path]) -> dict[str, Any]:
-    """The results JSON of the finished runs (see the module docstring)."""
+def _warm(meta: dict[str, Any]) -> dict[str, Any]:
+    return {**meta.get("gate", {}), "pretrain": meta.get("pretrain"), "sft_s": meta.get("sft_s")}
+
+
+def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[str, Path]) -> dict[str, Any]:
+    """The results JSON of the finished runs (module docstring); ``metas``: the warm start per scenario."""
     root = settings.root(paper)
     arms: dict[str, Any] = {}
     for arm in paper.arms:
@@ -44,6 +48,7 @@ def collect(paper: Paper, settings, meta: dict[str, Any], jobs, starts: dict[str
                 r = {k: v for k, v in r.items() if k != "config"}
                 seeds.append({"seed": s, **r})
         arms[arm.name] = {
+            "scenario": arm.scenario,
             "label": arm.label or arm.name,
             "help": arm.help,
             "overrides": list(arm.overrides),
@@ -94,8 +99,9 @@ def collect(paper: Paper, settings, meta: dict[str, Any], jobs, starts: dict[str
             "jobs": settings.jobs,
             "machine": f"{platform.machine()}, {platform.python_version()}, {_cpus()} CPUs",
         },
-        "warm_start": {**meta.get("gate", {}), "pretrain": meta.get("pretrain"), "sft_s": meta.get("sft_s")},
-        "checks": meta.get("checks") or [],
+        "warm_start": _warm(next(iter(metas.values()))),
+        "warm_starts": {s: _warm(m) for s, m in metas.items()},
+        "checks": [{"scenario": s, **c} for s, m in metas.items() for c in (m.get("checks") or [])],
         "arms": arms,
         "comparisons": comparisons,
     }
@@ -138,6 +144,7 @@ def _mid(seed: dict[str, Any]) -> float | None:
 def arm_table(res: dict[str, Any], diag_keys: list[str]) -> str:
     head = [
         "arm",
+        "scenario",
         "start pass@1",
         "mid pass@1",
         "end pass@1",
@@ -159,6 +166,7 @@ def arm_table(res: dict[str, Any], diag_keys: list[str]) -> str:
         rmin = [x["ratio_geomean_min"] for x in s if x["ratio_geomean_min"] is not None]
         row = [
             f"`{name}`",
+            a.get("scenario") or "–",
             _fmt(a["start"]["pass@1"]) if a["start"] else "–",
             _ms(mids),
             _ms([x["pass@1"] for x in s]),
@@ -212,10 +220,20 @@ def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_key
     (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     plot_curves(res, results_dir / f"{name}_curves.png")
     plot_diffs(res, results_dir / f"{name}_diffs.png")
-    st, ws = res["setup"], res["warm_start"]
+    st = res["setup"]
     checks = "\n".join(
-        f"| {c['name']} | {c['value']} | {c['target']} | {'yes' if c.get('ok', True) else 'NO'} |"
+        f"| {c.get('scenario') or '–'} | {c['name']} | {c['value']} | {c['target']} | "
+        f"{'yes' if c.get('ok', True) else 'NO'} |"
         for c in res["checks"]
+    )
+    warm = "\n".join(
+        f"- {f'`{s}`: ' if s else ''}**{_fmt(w.get('pass@1'))}** ({w.get('tasks')} tasks x "
+        f"{w.get('samples')} samples; gate {st['gate']}; copy pretraining converged: "
+        f"{(w.get('pretrain') or {}).get('converged')})"
+        for s, w in res["warm_starts"].items()
+    )
+    check_table = (
+        "| scenario | check | value | target | ok |\n|---|---|---|---|---|\n" + checks if checks else "(none)"
     )
     overrides = ", ".join(f"`{o}`" for o in st["overrides"]) or "no overrides"
     page = f"""# {res["title"]}
@@ -236,10 +254,13 @@ after the budget. Machine: {st["machine"]}, {st["jobs"]} run(s) in parallel, one
 
 ## Regime
 
-Warm-start pass@1 on the training distribution: **{_fmt(ws.get("pass@1"))}** ({ws.get("tasks")} tasks x
-{ws.get("samples")} samples; gate {st["gate"]}).
+Warm-start pass@1 on the training distribution (one warm start per scenario, shared by its arms):
 
-{"| check | value | target | ok |" + chr(10) + "|---|---|---|---|" + chr(10) + checks if checks else ""}
+{warm}
+
+Checks of the regime with the scripted expert at the warm start's noise, before any RL:
+
+{check_table}
 
 ## Results
 

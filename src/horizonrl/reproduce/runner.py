@@ -2,7 +2,7 @@
 
 Layout under ``OUT/NAME/`` (default ``runs/reproduce/NAME``)::
 
-    warmstart/              base_model/, sft/ (the shared warm start), warmstart.json (key, gate)
+    warmstart[_<scenario>]/ base_model/, sft/ (the shared warm start), warmstart.json (key, gate)
     start/<sig>/            the start-of-RL evaluation, once per evaluation signature
     <arm>/seed_<s>/         one trainer run; result.json marks it done
 
@@ -61,12 +61,20 @@ def _packaged(name: str) -> Path:
     return packaged_config(name)
 
 
-def base_overrides(paper: Paper, settings: Settings) -> list[str]:
-    return [*paper.overrides, *settings.overrides]
+def base_overrides(paper: Paper, settings: Settings, scenario: str = "") -> list[str]:
+    if scenario and scenario not in paper.scenarios:
+        raise KeyError(
+            f"paper {paper.name!r} has no scenario {scenario!r}; scenarios: {sorted(paper.scenarios)}"
+        )
+    return [*paper.overrides, *paper.scenarios.get(scenario, ()), *settings.overrides]
 
 
-def stage_config(paper: Paper, settings: Settings, *items: str) -> RunConfig:
-    return load_config(_packaged(paper.base), [*base_overrides(paper, settings), *items])
+def stage_config(paper: Paper, settings: Settings, *items: str, scenario: str = "") -> RunConfig:
+    return load_config(_packaged(paper.base), [*base_overrides(paper, settings, scenario), *items])
+
+
+def warmstart_dir(paper: Paper, settings: Settings, scenario: str = "") -> Path:
+    return settings.root(paper) / ("warmstart" + (f"_{scenario}" if scenario else ""))
 
 
 def _key(d: Any) -> str:
@@ -89,7 +97,7 @@ def eval_items(paper: Paper, settings: Settings) -> list[str]:
 
 def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Path) -> list[str]:
     """Overrides of one arm-seed run (after the paper's base overrides)."""
-    ws = settings.root(paper) / "warmstart" / "sft"
+    ws = warmstart_dir(paper, settings, arm.scenario) / "sft"
     return [
         *arm.overrides,
         *eval_items(paper, settings),
@@ -110,19 +118,20 @@ def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Pa
 # ------------------------------------------------------------------ warm start and gate
 
 
-def warm_start(paper: Paper, settings: Settings) -> dict[str, Any]:
+def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str, Any]:
     """Build (or reuse) the shared warm start and measure the gate on the training distribution."""
     from horizonrl.train.recipes import evaluate_model, run_sft
 
-    root = settings.root(paper) / "warmstart"
-    cfg = stage_config(paper, settings, f"sft.out_dir={root / 'sft'}", "train.init=null")
+    root = warmstart_dir(paper, settings, scenario)
+    cfg = stage_config(paper, settings, f"sft.out_dir={root / 'sft'}", "train.init=null", scenario=scenario)
     sig = {k: v for k, v in cfg.to_dict().items() if k in ("model", "env", "rollout", "sft")}
     sig["sft"] = {k: v for k, v in sig["sft"].items() if k != "out_dir"}
     key = _key(sig)
     meta_path = root / "warmstart.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if meta.get("key") != key or not (root / "sft" / "config.json").exists():
-        settings.log(f"[warm start] SFT on {cfg.sft.demos} expert demonstrations -> {root / 'sft'}")
+        tag = f" ({scenario})" if scenario else ""
+        settings.log(f"[warm start{tag}] SFT on {cfg.sft.demos} expert demonstrations -> {root / 'sft'}")
         t0 = time.perf_counter()
         run_sft(cfg, work_dir=root)
         meta = {"key": key, "sft_s": time.perf_counter() - t0}
@@ -152,20 +161,22 @@ def warm_start(paper: Paper, settings: Settings) -> dict[str, Any]:
     return meta
 
 
-def check_gate(paper: Paper, meta: dict[str, Any], settings: Settings) -> None:
+def check_gate(paper: Paper, meta: dict[str, Any], settings: Settings, scenario: str = "") -> None:
     """Refuse to start RL outside ``paper.gate`` or with a failed regime check (unless ``force``)."""
     lo, hi = paper.gate
     p = meta["gate"]["pass@1"]
     problems = []
+    where = f" ({scenario})" if scenario else ""
     if not lo <= p <= hi:
         problems.append(
-            f"warm-start pass@1 on the training distribution is {p:.3f}, outside the gate [{lo}, {hi}] "
-            f"({meta['gate']['tasks']} tasks x {meta['gate']['samples']}); change the warm start "
+            f"warm-start{where} pass@1 on the training distribution is {p:.3f}, outside the gate "
+            f"[{lo}, {hi}] ({meta['gate']['tasks']} tasks x {meta['gate']['samples']}); change the warm "
+            "start "
             f"(sft.noise, sft.demos, sft.epochs) or the task difficulty (env.knobs) with --set, or --force"
         )
     for c in meta.get("checks") or []:
         if not c.get("ok", True):
-            problems.append(f"regime check {c['name']} = {c['value']} misses its target {c['target']}")
+            problems.append(f"regime check{where} {c['name']} = {c['value']} misses its target {c['target']}")
     if problems and not settings.force:
         raise GateError("; ".join(problems))
     for msg in problems:
@@ -197,12 +208,14 @@ class Job:
     out_dir: Path
     overrides: list[str]
 
+    scenario: str = ""
+
     def to_json(self, paper: Paper, settings: Settings) -> str:
         return json.dumps(
             {
                 "kind": self.kind,
                 "base": str(_packaged(paper.base)),
-                "overrides": [*base_overrides(paper, settings), *self.overrides],
+                "overrides": [*base_overrides(paper, settings, self.scenario), *self.overrides],
                 "out_dir": str(self.out_dir),
                 "diagnostics": list(paper.diagnostics),
             }
@@ -216,10 +229,8 @@ def plan(paper: Paper, settings: Settings) -> tuple[list[Job], dict[str, Path]]:
     jobs: list[Job] = []
     starts: dict[str, Path] = {}
     for arm in arms:
-        probe = load_config(
-            _packaged(paper.base),
-            [*base_overrides(paper, settings), *arm_items(paper, settings, arm, 0, root / "probe")],
-        )
+        items = arm_items(paper, settings, arm, 0, root / "probe")
+        probe = stage_config(paper, settings, *items, scenario=arm.scenario)
         sig = eval_signature(probe)
         start_dir = root / "start" / sig
         starts[arm.name] = start_dir
@@ -229,11 +240,12 @@ def plan(paper: Paper, settings: Settings) -> tuple[list[Job], dict[str, Path]]:
                 "train.steps=0",
                 "train.eval_at_start=true",
             ]
-            jobs.append(Job("start", arm.name, 0, start_dir, items))
+            jobs.append(Job("start", arm.name, 0, start_dir, items, arm.scenario))
     for seed in range(settings.seeds):
         for arm in arms:
             out = root / arm.name / f"seed_{seed}"
-            jobs.append(Job("arm", arm.name, seed, out, arm_items(paper, settings, arm, seed, out)))
+            items = arm_items(paper, settings, arm, seed, out)
+            jobs.append(Job("arm", arm.name, seed, out, items, arm.scenario))
     return jobs, starts
 
 

@@ -23,6 +23,7 @@ class Arm:
     overrides: tuple[str, ...] = ()
     label: str = ""
     help: str = ""
+    scenario: str = ""  # a key of Paper.scenarios: the arm starts from that scenario's warm start
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Paper:
     arms: tuple[Arm, ...]
     comparisons: tuple[Comparison, ...]
     overrides: tuple[str, ...] = ()  # regime + warm start (apply to every stage)
+    #: Named regimes with their own warm start (e.g. Mosaic's compaction and forking): each arm names
+    #: one; its overrides apply after ``overrides``, and each scenario is gated and checked separately.
+    scenarios: dict[str, tuple[str, ...]] = field(default_factory=dict)
     budget_tokens: int = 200_000  # generated tokens per arm-seed
     seeds: int = 5
     eval_tasks: int = 256
@@ -61,6 +65,10 @@ class Paper:
     checks: Callable[[Any], list[dict[str, Any]]] | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def scenario_names(self) -> list[str]:
+        """The scenarios the arms use, in arm order ("" = the paper's base regime)."""
+        return list(dict.fromkeys(a.scenario for a in self.arms))
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

@@ -11,12 +11,16 @@ and may refine ``eval_due()`` (default: every ``train.eval_every`` steps) and
 ``progress()`` (the fraction of the run done, for ``train.eval_fractions``).
 Evaluation runs before a fresh run, whenever ``eval_due()`` or a fraction of
 ``train.eval_fractions`` is crossed, and after the last step; a checkpoint is
-written every ``train.save_every`` steps and after the last one.
+written every ``train.save_every`` steps and after the last one. A step whose
+update is not finite (:class:`~horizonrl.errors.NonFiniteError`) ends the run
+naming the step, before it is logged or saved.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from horizonrl.errors import NonFiniteError
 
 
 class Trainer:
@@ -41,10 +45,6 @@ class Trainer:
 
     def save(self):  # pragma: no cover - abstract
         raise NotImplementedError
-
-    def close(self) -> None:
-        """Release what the run holds (called at the end of :meth:`fit`; the logger by default)."""
-        self.logger.close()
 
     def progress(self) -> float:
         """Fraction of the run done (steps, or generated tokens when a token budget is set)."""
@@ -85,7 +85,11 @@ class Trainer:
             total = cfg.steps if self.unit == "step" else None
             bar = tqdm(total=total, initial=self.step, desc=cfg.trainer, unit=self.unit, dynamic_ncols=True)
         while self.has_more():
-            m = self.advance()
+            step = self.step + 1
+            try:
+                m = self.advance()
+            except NonFiniteError as e:  # name the step; nothing of it is logged or saved
+                raise NonFiniteError(f"{self.unit} {step}: {e}") from None
             last = not self.has_more()
             fraction = self._fraction_due()
             if last or self.eval_due() or fraction:
@@ -100,5 +104,5 @@ class Trainer:
                 self.save()
         if bar is not None:
             bar.close()
-        self.close()
+        self.logger.close()
         return records

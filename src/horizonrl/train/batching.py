@@ -16,7 +16,10 @@ class RowBatch:
     """Right-padded tensors for a list of rows; ``[B, T]`` except ``rollout_ids`` ``[B]``.
 
     Targets are shifted: position ``j`` holds the token at ``j + 1`` and the
-    log-prob the model assigns to it given ``input_ids[: j + 1]``.
+    log-prob the model assigns to it given ``input_ids[: j + 1]``. ``old_logprobs``
+    is PPO's ``pi_old`` (the rollout's, or the training model's recomputation) and
+    ``rollout_logprobs`` what the rollout engine recorded (the mismatch correction
+    weighs by their ratio).
     """
 
     input_ids: torch.Tensor
@@ -28,6 +31,7 @@ class RowBatch:
     turn_ids: torch.Tensor
     rollout_ids: torch.Tensor
     temperatures: torch.Tensor
+    rollout_logprobs: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -39,8 +43,18 @@ class RowBatch:
         return RowBatch(**{k: getattr(self, k).to(device) for k in self.__dataclass_fields__})
 
 
-def collate(rows: Sequence[Row], *, pad_id: int = 0, pad_to: int | None = None) -> RowBatch:
-    """Pad ``rows`` to a common length (``pad_to`` or the longest row)."""
+def collate(
+    rows: Sequence[Row],
+    *,
+    pad_id: int = 0,
+    pad_to: int | None = None,
+    old_logprobs: Sequence[torch.Tensor] | None = None,
+) -> RowBatch:
+    """Pad ``rows`` to a common length (``pad_to`` or the longest row).
+
+    ``old_logprobs`` (one ``[len(row) - 1]`` tensor per row, e.g. from ``update.score_rows``)
+    replaces the rows' own log-probs as ``pi_old``; ``rollout_logprobs`` are always the rows'.
+    """
     T = max(len(r) for r in rows) if pad_to is None else pad_to
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -62,7 +76,11 @@ def collate(rows: Sequence[Row], *, pad_id: int = 0, pad_to: int | None = None) 
         adv[b, : n - 1] = torch.tensor(r.advantages[1:], dtype=torch.float32)
         turn[b, : n - 1] = torch.tensor(r.turn_ids[1:], dtype=torch.long)
         temp[b, : n - 1] = torch.tensor(r.temperatures[1:], dtype=torch.float32)
-    return RowBatch(ids, att, tgt, mask, old, adv, turn, rid, temp)
+    roll = old.clone()
+    if old_logprobs is not None:
+        for b, (r, lp) in enumerate(zip(rows, old_logprobs, strict=True)):
+            old[b, : len(r) - 1] = lp.to(torch.float32) * mask[b, : len(r) - 1]
+    return RowBatch(ids, att, tgt, mask, old, adv, turn, rid, temp, roll)
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
-from horizonrl.config import ModelConfig
+from horizonrl.config import ConfigError, ModelConfig
 from horizonrl.envs import get_env
 from horizonrl.envs.base import Env, Task
+from horizonrl.errors import DataError
+from horizonrl.jsonl import read_jsonl
 from horizonrl.train.pretrain import copy_converged, copy_pretrain
 
 
@@ -53,15 +55,23 @@ def generate_demos(
     max_turns: int,
     knobs: dict[str, Any] | None = None,
     task_seed: int = 0,
+    setup: Any = None,
 ) -> list[dict[str, Any]]:
-    """``n`` expert demonstrations on training tasks of ``env_name``."""
+    """``n`` expert demonstrations on training tasks of ``env_name``.
+
+    ``setup`` (a :class:`horizonrl.train.env_setup.EnvSetup`) takes the tasks and environments from
+    the run's ``env.*`` (task files, rewards, user environments) instead of ``env_name``/``knobs``.
+    """
     knobs = knobs or {}
-    cls = get_env(env_name)
-    tasks = cls.make_tasks(n, seed=task_seed, split="train", **knobs)
+    cls = get_env(env_name) if setup is None else setup.cls
+    if setup is None:
+        tasks = cls.make_tasks(n, seed=task_seed, split="train", **knobs)
+    else:
+        tasks = setup.tasks(n, seed=task_seed, split="train")
     rng = random.Random(seed)
     demos = []
     for task in tasks:
-        env = cls(**knobs)
+        env = cls(**knobs) if setup is None else setup.make()
         try:
             demos.append(expert_demo(env, task, rng, noise=noise, max_turns=max_turns))
         finally:
@@ -75,16 +85,39 @@ def write_demos(path: str | Path, demos: list[dict[str, Any]]) -> None:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
 
+#: Message roles a demonstration may hold (the chat template renders these).
+DEMO_ROLES = ("system", "user", "assistant", "tool")
+
+
 def read_demos(path: str | Path) -> list[dict[str, Any]]:
+    """Demonstrations of a JSONL file (``{"messages": [...], "tools": [...]}`` per line).
+
+    Read with :func:`horizonrl.jsonl.read_jsonl` (a torn last line is skipped with a warning);
+    every other defect is a :class:`~horizonrl.errors.DataError` naming the file, line and field:
+    a message that is not ``{"role", "content"}`` with a known role and string content, a
+    demonstration without an assistant message (nothing to train on), an empty file.
+    """
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            if not isinstance(d.get("messages"), list):
-                raise ValueError(f"{path}:{i}: a demonstration needs a 'messages' list")
-            out.append(d)
+    for rec in read_jsonl(path, what="demonstrations"):
+        messages = rec.get("messages", list)
+        for j, m in enumerate(messages):
+            where = f"messages[{j}]"
+            if not isinstance(m, dict):
+                raise rec.error(f"must be an object with 'role' and 'content', got {type(m).__name__}", where)
+            if m.get("role") not in DEMO_ROLES:
+                raise rec.error(f"unknown role {m.get('role')!r}; known: {list(DEMO_ROLES)}", f"{where}.role")
+            if not isinstance(m.get("content"), str):
+                raise rec.error(
+                    f"must be a string, got {type(m.get('content')).__name__}", f"{where}.content"
+                )
+        if not any(m["role"] == "assistant" for m in messages):
+            raise rec.error("has no assistant message (nothing to train on)", "messages")
+        tools = rec.get("tools", list, None)
+        if tools is not None and not all(isinstance(t, dict) for t in tools):
+            raise rec.error("must be a list of tool schemas (objects)", "tools")
+        out.append(rec.value)
+    if not out:
+        raise DataError(f"{path}: no demonstrations (the file has no records)")
     return out
 
 
@@ -105,9 +138,13 @@ def tokenizer_corpus(*, seed: int, per_env: int = 150) -> Iterator[str]:
 def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     """Train the tokenizer, build the randomly initialised tiny model, give it a brief
     in-context copy pretraining (:mod:`horizonrl.train.pretrain`), save both to ``out_dir``."""
+    from horizonrl.envs.names import ENTITY_NAMES
     from horizonrl.models import TinyModelConfig, build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(tokenizer_corpus(seed=cfg.seed), vocab_size=cfg.tiny_vocab, seed=cfg.seed)
+    words = ENTITY_NAMES if cfg.tiny_name_tokens else ()
+    tok = train_tokenizer(
+        tokenizer_corpus(seed=cfg.seed), vocab_size=cfg.tiny_vocab, seed=cfg.seed, words=words
+    )
     tcfg = TinyModelConfig(
         hidden_size=cfg.tiny_hidden,
         num_layers=cfg.tiny_layers,
@@ -140,10 +177,30 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     return model, tok
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, field: str = "model.device") -> torch.device:
+    """``auto`` (CUDA when available, else CPU) or the named device; ConfigError naming ``field``
+    when it is not a device or does not exist on this machine."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"{field}={name!r}: not a device; use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"{field}={name!r}: CUDA is not available on this machine (use 'cpu' or 'auto')"
+            )
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise ConfigError(f"{field}={name!r}: this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{field}={name!r}: MPS is not available on this machine")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{field}={name!r}: unsupported device type {dev.type!r}")
+    return dev
 
 
 def load_policy(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):

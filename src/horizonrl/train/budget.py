@@ -109,3 +109,9 @@ class BudgetedEngine(Engine):
 
     def sync(self, state_dict=None) -> None:
         self.inner.sync(state_dict)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def close(self) -> None:
+        self.inner.close()

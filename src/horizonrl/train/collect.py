@@ -12,7 +12,7 @@ from horizonrl.agents.registry import AgentSpec, make_program
 from horizonrl.credit import flatten_rollouts
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
-from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout
+from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout, saved_tokens
 
 
 def collect_groups(
@@ -84,7 +84,9 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}rollout/context_overflow_rate": term.count("context") / n,
         f"{prefix}rollout/max_turns_rate": term.count("max_turns") / n,
         f"{prefix}rollout/forks_mean": sum(r.env.get("forks", 0) for r in rollouts) / n,
-        f"{prefix}rollout/trajectory_tokens_mean": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)
+        # Trajectory volume (ECHO Fig. 2): saved segment tokens; the tokens processed beside it.
+        f"{prefix}rollout/trajectory_tokens_mean": sum(saved_tokens(r) for r in rollouts) / n,
+        f"{prefix}rollout/processed_tokens_mean": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)
         / n,
     }
 

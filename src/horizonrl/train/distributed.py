@@ -50,6 +50,8 @@ from horizonrl.inference.seeding import RequestSeeds
 from horizonrl.train import checkpoint as ckpt
 
 DCP_DIR = "dcp"
+#: ``trainer_state.pt["optimizer"]`` of a checkpoint whose model and optimizer are in ``DCP_DIR``.
+DCP_MARK = "torch.distributed.checkpoint"
 
 
 @dataclass
@@ -166,6 +168,9 @@ class NullLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         return {"step": step, **dict(sorted(metrics.items()))}
 
+    def log_rollouts(self, step: int, rollouts) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -228,6 +233,12 @@ class ShardedEngine(Engine):
         elif state_dict is not None:
             state_dict = unshard(state_dict)
         self.inner.sync(state_dict)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def set_seed(self, seed: int) -> None:
         self.seeds.set_seed(seed)

@@ -20,6 +20,7 @@ import json
 import math
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,9 @@ import torch
 from horizonrl import credit
 from horizonrl.agents import LoopLimits
 from horizonrl.agents.psi import flat_view
-from horizonrl.agents.registry import AgentSpec, check_agent_params
+from horizonrl.agents.registry import AgentSpec
 from horizonrl.config import RunConfig, save_config
-from horizonrl.envs import get_env
+from horizonrl.errors import HorizonWarning
 from horizonrl.inference import SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
@@ -39,17 +40,21 @@ from horizonrl.train import hidden, info_gain  # noqa: F401  (register the featu
 from horizonrl.train.base import Trainer
 from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
-from horizonrl.train.distributed import NullLogger, init_world
-from horizonrl.train.env_knobs import resolve_knobs
+from horizonrl.train.distributed import DCP_MARK, NullLogger, init_world
+from horizonrl.train.env_setup import env_setup
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
+from horizonrl.train.rollout_log import credit_records, write_rollout_log
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
 from horizonrl.train.workers import close_quietly, make_env_pool, make_rollout_engine
-from horizonrl.trajectory import build_rows, write_jsonl
+from horizonrl.trajectory import Group, build_rows
 
-NONDETERMINISTIC_KEYS = ("time/", "throughput/")
+#: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
+#: same config and seed: tests/test_reliability.py, docs/reliability.md).
+NONDETERMINISTIC_KEYS = ("time/", "throughput/", "ig/score_s", "ccpo/hidden_s")
 
 
 def _lr_lambda(warmup: int, total: int, schedule: str):
@@ -69,10 +74,15 @@ class GroupTrainer(Trainer):
     """Owns the policy, engine, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        check_run(cfg)
         self.cfg = cfg
-        self.run_dir = Path(cfg.train.out_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = ensure_dir(cfg.train.out_dir, "train.out_dir")
         self.ckpt_dir = self.run_dir / "checkpoints"
+        if resume:
+            if not ckpt.list_checkpoints(self.ckpt_dir):
+                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
+            check_resume_config(cfg, self.run_dir / "config.yaml")
+        ckpt.clean_stale(self.ckpt_dir)
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
         #: The torchrun group (None in one process): see train/distributed.py.
@@ -83,24 +93,19 @@ class GroupTrainer(Trainer):
 
         self.estimator = credit.get_estimator(cfg.algo.estimator)
         self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
-        self.env_cls = get_env(cfg.env.name)
-        knobs = self.env_knobs = resolve_knobs(dict(cfg.env.knobs))
-        self.train_tasks = self.env_cls.make_tasks(
-            cfg.env.train_tasks, seed=cfg.env.seed, split="train", **knobs
-        )
-        self.test_tasks = self.env_cls.make_tasks(
-            cfg.env.test_tasks, seed=cfg.env.seed, split="test", **knobs
-        )
+        self.env_setup = env_setup(cfg.env, run_dir=self.run_dir)
+        self.env_cls, self.env_knobs = self.env_setup.cls, self.env_setup.knobs
+        self.train_tasks = self.env_setup.tasks(cfg.env.train_tasks, seed=cfg.env.seed, split="train")
+        self.test_tasks = self.env_setup.tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test")
         self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
-        check_agent_params(cfg.rollout.agent, cfg.rollout.agent_params)
 
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
         self.renderer = ChatRenderer(self.tokenizer)
         self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
         self.evals_done: list[float] = []
-        self.env_pool = make_env_pool(cfg, self.env_cls, knobs)  # None: environments in this process
-        self.engine = self.make_engine(shared=True)
+        self.env_pool = make_env_pool(cfg, self.env_setup)  # None: environments in this process
+        self.engine = self.make_engine(shared=self.shares_engine())
         #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
         self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
@@ -145,6 +150,12 @@ class GroupTrainer(Trainer):
             grad_clip=o.grad_clip,
             old_logprobs=cfg.algo.old_logprobs,
             logprob_clip=cfg.algo.logprob_clip,
+            policy_loss=cfg.algo.policy_loss,
+            norm_tokens=cfg.algo.loss_norm_tokens or cfg.rollout.max_new_tokens * cfg.rollout.max_turns,
+            nonfinite=o.nonfinite,
+            tis_cap=cfg.algo.tis_cap,
+            tis_level=cfg.algo.tis_level,
+            tis_mode=cfg.algo.tis_mode,
         )
         #: Background collection of future batches (train.max_staleness > 0), else None.
         self.async_rollouts = None
@@ -155,16 +166,12 @@ class GroupTrainer(Trainer):
             self.async_rollouts = AsyncRollouts(self)
         resume_step = None
         if resume:
-            path = ckpt.latest_checkpoint(self.ckpt_dir)
-            if path is None:
-                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
-            self._restore(path)
+            self._restore(ckpt.load_latest(self.ckpt_dir))
+            self.engine.sync()  # an engine with its own weights (vllm) loads the restored ones
             resume_step = self.step
         if self.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
-            self.logger = MetricsLogger(
-                self.run_dir, tensorboard=cfg.train.tensorboard, resume_step=resume_step
-            )
+            self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
         else:
             self.logger = NullLogger()
 
@@ -180,6 +187,7 @@ class GroupTrainer(Trainer):
             "global_rng": ckpt.rng_state(),
             "budget": self.budget.state(),
             "evals_done": list(self.evals_done),
+            "threads": torch.get_num_threads(),
             **({"async": self.async_rollouts.state()} if self.async_rollouts is not None else {}),
         }
 
@@ -188,7 +196,7 @@ class GroupTrainer(Trainer):
             from horizonrl.train import distributed
 
             state = self._state()
-            state.pop("optimizer")  # sharded: in the DCP files with the model
+            state["optimizer"] = DCP_MARK  # sharded: in the DCP files with the model
             return distributed.save_checkpoint(
                 self.world,
                 self.ckpt_dir,
@@ -208,14 +216,15 @@ class GroupTrainer(Trainer):
             keep=self.cfg.train.keep_checkpoints,
         )
 
-    def _restore(self, path: Path) -> None:
-        st = ckpt.load_trainer_state(path)
-        if self.world is not None or "optimizer" not in st:  # written through torch distributed checkpointing
+    def _restore(self, ck: ckpt.Checkpoint) -> None:
+        """Restore a checkpoint read whole by :func:`~horizonrl.train.checkpoint.load_latest`."""
+        st = ck.state
+        if self.world is not None or st["optimizer"] == DCP_MARK:  # torch distributed checkpointing
             from horizonrl.train.distributed import load_checkpoint
 
-            load_checkpoint(path, self.model, self.optimizer)
+            load_checkpoint(ck.path, self.model, self.optimizer)
         else:
-            ckpt.load_weights_into(self.model, path)
+            ckpt.load_weights_into(self.model, ck.weights)
             self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.task_rng.setstate(st["task_rng"])
@@ -225,11 +234,23 @@ class GroupTrainer(Trainer):
         self.step = int(st["step"])
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
-        self.engine.sync()  # engines with their own weights (Ray replicas, sharded copies) get these
+        threads = st.get("threads")
+        if threads is not None and threads != torch.get_num_threads():
+            warnings.warn(
+                f"--resume: {ck.path} was written with {threads} torch thread(s), this process uses "
+                f"{torch.get_num_threads()}; the resumed run may differ from an uninterrupted one in the "
+                "last bits (set OMP_NUM_THREADS to match; docs/reliability.md)",
+                HorizonWarning,
+                stacklevel=3,
+            )
         if self.async_rollouts is not None and "async" in st:
             self.async_rollouts.load(st["async"])
 
     # ------------------------------------------------------------------ loop
+
+    def shares_engine(self) -> bool:
+        """Whether the engine follows the training weights (synced after every update)."""
+        return True
 
     def make_engine(self, *, shared: bool):
         """The configured rollout engine over the training model (``inference.engine``, ``distributed``)."""
@@ -240,16 +261,16 @@ class GroupTrainer(Trainer):
     def make_env(self):
         if self.env_pool is not None:
             return self.env_pool.make()
-        return self.env_cls(**self.env_knobs)
+        return self.env_setup.make()
 
     def close(self) -> None:
-        """Release the engine replicas and environment workers (Ray), then the logger."""
+        """Stop the engine's processes (vllm, Ray replicas), the environment workers, the background
+        collector and the torchrun group; the trainer cannot generate afterwards (idempotent)."""
         if self.async_rollouts is not None:
             self.async_rollouts.close()
         close_quietly(self.engine)
         if self.env_pool is not None:
             self.env_pool.close()
-        super().close()
         if self.world is not None:
             self.world.close()
 
@@ -307,7 +328,7 @@ class GroupTrainer(Trainer):
         (self.run_dir / "eval" / f"step_{self.step}.json").write_text(json.dumps(record) + "\n")
         return out
 
-    def collect(self, tasks) -> list:
+    def collect(self, tasks) -> list[Group]:
         """``G`` rollouts of every task through the configured agent program (one batched drive)."""
         return collect_groups(
             self.rollout_engine,
@@ -363,10 +384,12 @@ class GroupTrainer(Trainer):
         self.extra_metrics = {}
         est_params = dict(cfg.algo.estimator_params)
         features, feature_times = compute_features(self, self.estimator.needs, groups, est_params)
-        advantages = self.estimator(groups, **est_params, **features)
+        with credit.collect_side_info(cfg.train.save_rollouts and cfg.train.save_credit) as side:
+            advantages = self.estimator(groups, **est_params, **features)
         rows = self.training_rows(rollouts, advantages)
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         t2 = time.perf_counter()
+        self.engine.sleep()  # colocated engines free their accelerator memory (inference.params.sleep_level)
         metrics = ppo_update(
             self.train_model,
             self.optimizer,
@@ -379,7 +402,7 @@ class GroupTrainer(Trainer):
             ref_model=self.ref_model,
             world=self.world,
         )
-        self.engine.sync()
+        self.engine.sync()  # the engine samples from the updated weights (in place for vllm)
         if self.async_rollouts is not None:
             self.async_rollouts.publish(self.step + 1, self.model)
         t3 = time.perf_counter()
@@ -403,6 +426,9 @@ class GroupTrainer(Trainer):
             }
         )
         if cfg.train.save_rollouts and self.is_main:
-            (self.run_dir / "rollouts").mkdir(exist_ok=True)
-            write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts)
+            notes = None
+            if cfg.train.save_credit:
+                notes = credit_records(rollouts, advantages, rows, side, estimator=cfg.algo.estimator)
+            write_rollout_log(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", rollouts, notes)
+        self.logger.log_rollouts(self.step, rollouts)
         return metrics

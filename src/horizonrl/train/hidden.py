@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from horizonrl.credit.ccpo_features import step_batch_from_groups
+from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
 from horizonrl.train.batching import micro_batches
 from horizonrl.train.features import register_feature
 from horizonrl.trajectory import Group
@@ -233,17 +233,32 @@ def support_rates(groups: Sequence[Group], *, exclude_self: bool = True, observa
     return supported / n, exact / n
 
 
+def aliased_rate(groups: Sequence[Group]) -> float:
+    """Share of step rows whose observation text is shared, within the task, with a different hidden state.
+
+    The case contextual credit exists for (CCPO paper Sec. 4.4): identical observations concealing
+    different task progress. Text keys come from ``obs_key="text"``, states from ``"state"``.
+    """
+    text = step_batch_from_groups(groups, observation="text")
+    state = step_batch_from_groups(groups, observation="prompt")
+    states: dict[tuple, set] = {}
+    for task, t, s in zip(text.task_ids, text.observations, state.observations, strict=True):
+        states.setdefault((task, t), set()).add(s)
+    n = len(text)
+    hits = sum(len(states[(task, t)]) > 1 for task, t in zip(text.task_ids, text.observations, strict=True))
+    return hits / n if n else 0.0
+
+
 @register_feature("hidden")
 def hidden(trainer: Any, groups: Sequence[Group], params: dict[str, Any]) -> np.ndarray:
     """CCPO's ``hidden=[N, D]`` input (module docstring); logs ``ccpo/*`` into ``trainer.extra_metrics``."""
     t0 = time.perf_counter()
     out, stats = hidden_states(trainer, groups)
-    sup, exact = support_rates(
-        groups,
-        exclude_self=bool(params.get("exclude_self", True)),
-        observation=params.get("observation", "prompt"),
+    mode = observation_mode(params.get("obs_key", "text"))
+    sup, exact = support_rates(groups, exclude_self=bool(params.get("exclude_self", True)), observation=mode)
+    stats.update(
+        {"ccpo/supported_rate": sup, "ccpo/exact_peer_rate": exact, "ccpo/aliased_rate": aliased_rate(groups)}
     )
-    stats.update({"ccpo/supported_rate": sup, "ccpo/exact_peer_rate": exact})
     stats["ccpo/hidden_s"] = time.perf_counter() - t0
     metrics = getattr(trainer, "extra_metrics", None)
     if metrics is None:

@@ -2,17 +2,22 @@
 
 ``score(h)`` is the mean log-probability of the ground-truth answer tokens
 teacher-forced after the context ``h`` followed by the answer probe
-``"Now there's enough information to answer. <answer> "`` (spec/mosaic.md B.1,
+``"Now there's enough information to answer. <answer>"`` (spec/mosaic.md B.1,
 adapted to our chat template: no ``</think>``; when ``h`` ends with the
 end-of-turn token a new assistant header is opened first, so every probe is
-scored inside an open assistant turn). Only answer tokens are scored; no
-gradient. All contexts of a step go to the engine in one batched ``score()``
-call, timed as ``ig/score_s``.
+scored inside an open assistant turn). The probe and the answer are encoded
+*together* and the answer's tokens located by character offsets, so the scored
+tokens are exactly the ones the policy writes after ``<answer>`` (encoding the
+answer on its own, or after a trailing space, gives tokens the policy never
+produces). Only answer tokens are scored; no gradient. All contexts of a step go
+to the engine in one batched ``score()`` call, timed as ``ig/score_s``.
 
 Mosaic (paper §3.2): for each non-terminal session ``s``,
 ``r^Δ_s = score(h^+_s) - score(h^-_s)`` with, per session kind,
-normal: prompt / prompt + complete response; compaction and subagent: the
-``info["h_minus"]`` / ``info["h_plus"]`` token ids recorded by the agent loops.
+normal: prompt / the context when the session ended (``info["h_plus"]``, its
+last tool response included; without it, prompt + complete response);
+compaction and subagent: the ``info["h_minus"]`` / ``info["h_plus"]`` token ids
+recorded by the agent loops.
 IGPO: for every non-final turn, ``(score(prompt), score(next prompt))`` where the
 next prompt includes the turn's observation (the prompt + response when the
 next turn starts a new session).
@@ -36,7 +41,18 @@ from horizonrl.credit.mosaic import (
 from horizonrl.train.features import register_feature
 from horizonrl.trajectory import Group, Rollout, Segment
 
-PROBE = "Now there's enough information to answer. <answer> "
+PROBE = "Now there's enough information to answer. <answer>"
+
+
+def probe_split(tokenizer, answer: str, probe: str = PROBE) -> tuple[list[int], list[int]]:
+    """``(probe_ids, answer_ids)`` of ``probe + answer`` encoded jointly, split at the answer's first char.
+
+    A token that straddles the boundary belongs to the answer (it carries answer text).
+    """
+    enc = tokenizer(probe + answer, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+    cut = next((i for i, (_, end) in enumerate(offsets) if end > len(probe)), len(ids))
+    return ids[:cut], ids[cut:]
 
 
 class _Scorer:
@@ -45,17 +61,22 @@ class _Scorer:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.renderer = trainer.renderer
-        self.encode = lambda text: list(trainer.tokenizer.encode(text, add_special_tokens=False))
-        self.probe = self.encode(PROBE)
         self.header = list(self.renderer.continuation_ids([]))
         self.contexts: list[list[int]] = []
         self.answers: list[list[int]] = []
+        self._split: dict[str, tuple[list[int], list[int]]] = {}
 
-    def add(self, h: Sequence[int], answer_ids: list[int]) -> int:
+    def split(self, answer: str) -> tuple[list[int], list[int]]:
+        if answer not in self._split:
+            self._split[answer] = probe_split(self.trainer.tokenizer, answer)
+        return self._split[answer]
+
+    def add(self, h: Sequence[int], answer: str) -> int:
+        probe, answer_ids = self.split(answer)
         ctx = list(h)
         if ctx and ctx[-1] == self.renderer.eos_id:
             ctx += self.header
-        self.contexts.append(ctx + self.probe)
+        self.contexts.append(ctx + probe)
         self.answers.append(answer_ids)
         return len(self.contexts) - 1
 
@@ -67,14 +88,14 @@ class _Scorer:
         return [answer_score(lp) for lp in out]
 
 
-def _answer_ids(scorer: _Scorer, rollout: Rollout) -> list[int]:
+def _gold_answer(scorer: _Scorer, rollout: Rollout) -> str:
+    """The gold answer text of the rollout's task (scored by :meth:`_Scorer.add`)."""
     task = scorer.trainer.tasks_by_id.get(rollout.task_id)
     if task is None:
         raise ValueError(f"information gain needs the gold answer of task {rollout.task_id!r}")
-    ids = scorer.encode(task.answer)
-    if not ids:
+    if not scorer.split(str(task.answer))[1]:
         raise ValueError(f"task {rollout.task_id!r} has an empty gold answer")
-    return ids
+    return str(task.answer)
 
 
 def session_contexts(seg: Segment) -> tuple[list[int], list[int]] | None:
@@ -86,7 +107,8 @@ def session_contexts(seg: Segment) -> tuple[list[int], list[int]] | None:
     if not seg.turns:
         return None
     last = seg.turns[-1]
-    return list(seg.turns[0].prompt_ids), list(last.prompt_ids) + list(last.response_ids)
+    h_plus = seg.info.get("h_plus") or list(last.prompt_ids) + list(last.response_ids)
+    return list(seg.turns[0].prompt_ids), list(h_plus)
 
 
 @register_feature("gains")
@@ -97,7 +119,7 @@ def mosaic_gains(trainer: Any, groups: Sequence[Group], params: dict[str, Any]):
     scorer = _Scorer(trainer)
     plan: list[list[tuple[int, int] | None]] = []
     for ro in credit.flatten_rollouts(groups):
-        answer = _answer_ids(scorer, ro)
+        answer = _gold_answer(scorer, ro)
         term = terminal_session_index(ro) if ro.segments else -1
         row: list[tuple[int, int] | None] = []
         for s, seg in enumerate(ro.segments):
@@ -127,7 +149,7 @@ def igpo_scores(trainer: Any, groups: Sequence[Group], params: dict[str, Any]):
     scorer = _Scorer(trainer)
     plan: list[list[tuple[int, int] | None]] = []
     for ro in credit.flatten_rollouts(groups):
-        answer = _answer_ids(scorer, ro)
+        answer = _gold_answer(scorer, ro)
         row: list[tuple[int, int] | None] = []
         for seg in ro.segments:
             for t, turn in enumerate(seg.turns):

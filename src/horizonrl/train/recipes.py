@@ -10,10 +10,11 @@ from typing import Any
 
 from horizonrl.agents import AgentSpec, LoopLimits
 from horizonrl.config import RunConfig, load_config
-from horizonrl.envs import get_env
 from horizonrl.inference.base import SamplingParams
 from horizonrl.train.bootstrap import generate_demos, load_policy, read_demos, resolve_device, write_demos
+from horizonrl.train.checks import check_run, ensure_dir
 from horizonrl.train.collect import evaluate
+from horizonrl.train.env_setup import env_setup
 from horizonrl.train.sft import demo_rows, sft_train
 
 
@@ -25,15 +26,14 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     """Fine-tune ``model.path`` (or ``train.init``) on demonstrations; save to ``sft.out_dir``."""
     from horizonrl.models import ChatRenderer, save_model_and_tokenizer
 
-    out = Path(cfg.sft.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_run(cfg, trainer=False)
+    demos = read_demos(cfg.sft.data) if cfg.sft.data is not None else None  # fail before any work
+    out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
-    if cfg.sft.data is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
+    if demos is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
         rows = expert_program_rows(cfg, ChatRenderer(tok), tok)
-    elif cfg.sft.data is not None:
-        demos = read_demos(cfg.sft.data)
-    else:
+    elif demos is None:
         demos = generate_demos(
             cfg.env.name,
             cfg.sft.demos,
@@ -42,6 +42,7 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
             max_turns=cfg.rollout.max_turns,
             knobs=dict(cfg.env.knobs),
             task_seed=cfg.env.seed,
+            setup=env_setup(cfg.env, run_dir=out),
         )
         write_demos(out / "demos.jsonl", demos)
     if cfg.sft.data is not None or (cfg.rollout.agent == "react" and cfg.rollout.context == "append"):
@@ -73,14 +74,12 @@ def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
     """
     from horizonrl.agents import AgentSpec, LoopLimits
     from horizonrl.agents.expert import ExpertEngine
-    from horizonrl.envs import get_env
     from horizonrl.inference import SamplingParams
     from horizonrl.train.collect import collect_groups
     from horizonrl.trajectory import build_rows
 
-    cls = get_env(cfg.env.name)
-    knobs = dict(cfg.env.knobs)
-    tasks = cls.make_tasks(cfg.sft.demos, seed=cfg.env.seed, split="train", **knobs)
+    setup = env_setup(cfg.env, run_dir=cfg.sft.out_dir)
+    tasks = setup.tasks(cfg.sft.demos, seed=cfg.env.seed, split="train")
     r = cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens)
     limits = LoopLimits(max_turns=r.max_turns, context_budget=r.context_budget, overflow=r.overflow)
@@ -91,7 +90,7 @@ def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
         context=r.context,
         context_params=dict(r.context_params),
         agent_params=dict(r.agent_params),
-        make_env=lambda: cls(**knobs),
+        make_env=setup.make,
     )
     engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=cfg.train.seed, noise=cfg.sft.noise)
     groups = collect_groups(
@@ -117,13 +116,14 @@ def evaluate_model(
     """
     from horizonrl.inference import make_engine
     from horizonrl.models import ChatRenderer
-    from horizonrl.train.env_knobs import resolve_knobs
 
-    model, tok = load_policy(cfg.model, init=str(model_dir), work_dir=Path(model_dir))
-    env_cls = get_env(cfg.env.name)
-    knobs = resolve_knobs(dict(cfg.env.knobs))
+    check_run(cfg, trainer=False)
+    if not Path(model_dir).is_dir():
+        raise FileNotFoundError(f"--model {model_dir}: no such model directory")
+    setup = env_setup(cfg.env)  # the judge cache (if any) stays in memory: model_dir may be a checkpoint
     n = n_tasks if n_tasks is not None else (cfg.env.test_tasks if split == "test" else cfg.env.train_tasks)
-    tasks = env_cls.make_tasks(n, seed=cfg.env.seed, split=split, **knobs)
+    tasks = setup.tasks(n, seed=cfg.env.seed, split=split)
+    model, tok = load_policy(cfg.model, init=str(model_dir), work_dir=Path(model_dir))
     t = cfg.train
     engine = make_engine(
         cfg.inference.engine,
@@ -143,9 +143,7 @@ def evaluate_model(
     )
     limits = LoopLimits(r.max_turns, r.context_budget, r.overflow)
 
-    def make_env():
-        return env_cls(**knobs)
-
+    make_env = setup.make
     spec = AgentSpec(
         renderer=renderer,
         params=params,
@@ -155,17 +153,20 @@ def evaluate_model(
         agent_params=dict(r.agent_params),
         make_env=make_env,
     )
-    return evaluate(
-        engine,
-        renderer,
-        make_env,
-        tasks,
-        samples=samples if samples is not None else t.eval_samples,
-        params=params,
-        limits=limits,
-        agent=r.agent,
-        spec=spec,
-    )
+    try:
+        return evaluate(
+            engine,
+            renderer,
+            make_env,
+            tasks,
+            samples=samples if samples is not None else t.eval_samples,
+            params=params,
+            limits=limits,
+            agent=r.agent,
+            spec=spec,
+        )
+    finally:
+        engine.close()
 
 
 def _table(rows: list[tuple[str, dict[str, Any]]], k: int) -> str:

@@ -32,13 +32,14 @@ from horizonrl.agents.context import AppendContext, make_context
 from horizonrl.agents.driver import drive
 from horizonrl.agents.psi import Boundary, BoundaryRecorder, PsiContext
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
+from horizonrl.config import ConfigError
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
-from horizonrl.train import checkpoint as ckpt
-from horizonrl.train.budget import BudgetedEngine
+from horizonrl.errors import CheckpointError
+from horizonrl.train.checks import check_run
 from horizonrl.train.collect import rollout_metrics
 from horizonrl.train.group_trainer import GroupTrainer
+from horizonrl.train.rollout_log import reverse_stage_records, write_rollout_log
 from horizonrl.train.update import consistency_metrics, ppo_update, score_rows
-from horizonrl.train.workers import close_quietly, ray_held
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
 
 
@@ -96,14 +97,15 @@ class ReverseTurnTrainer(GroupTrainer):
     """
 
     def __init__(self, cfg, *, resume: bool = False) -> None:
+        check_run(cfg)
         r = cfg.rollout
         if r.agent != "react":
-            raise ValueError(f"rollout.agent={r.agent!r}: reverse-turn training needs the 'react' agent")
+            raise ConfigError(f"rollout.agent={r.agent!r}: reverse-turn training needs the 'react' agent")
         probe = make_context(
             r.context, LoopLimits(r.max_turns, r.context_budget, r.overflow), r.context_params
         )
         if not (isinstance(probe, PsiContext) or type(probe) is AppendContext):
-            raise ValueError(
+            raise ConfigError(
                 f"rollout.context={r.context!r}: reverse-turn training needs a conditioning map that keeps "
                 "one agent session (append, identity, window, strip_think, turn_summary)"
             )
@@ -115,20 +117,13 @@ class ReverseTurnTrainer(GroupTrainer):
         env = self.make_env()
         try:
             if not env.can_fork:
-                raise ValueError(f"env.name={cfg.env.name!r} cannot fork (snapshot/restore); RTPO needs it")
+                raise ConfigError(f"env.name={cfg.env.name!r} cannot fork (snapshot/restore); RTPO needs it")
         finally:
             env.close()
         mode = cfg.algo.loss_agg_mode or "seq-mean-token-mean"
         self.loss_agg_mode = mode
         self.update_settings = dataclasses.replace(self.update_settings, loss_agg_mode=mode)
-        self.shared_engine = cfg.rtpo.sync_every == 1
-        if not self.shared_engine:  # a separate copy that only sees the weights at a sync
-            rng = self.engine.rng_state()
-            with ray_held(cfg):  # the shared replicas make room for the separate ones
-                close_quietly(self.engine)
-                self.engine = self.make_engine(shared=False)
-            self.engine.set_rng_state(rng)
-            self.rollout_engine = BudgetedEngine(self.engine, self.budget)
+        self.shared_engine = self.shares_engine()
         if self._pending is not None:
             p = self._pending
             self.sweep, self.iteration = p["sweep"], p["iteration"]
@@ -144,21 +139,27 @@ class ReverseTurnTrainer(GroupTrainer):
             "sweep": self.sweep,
             "iteration": self.iteration,
             "versions": list(self._versions),
-            "engine_weights": None if self.shared_engine else self.engine.model.state_dict(),
+            "engine_weights": None if self.shared_engine else self.engine.state_dict(),
         }
         return st
 
-    def _restore(self, path) -> None:
-        super()._restore(path)
-        self._pending = ckpt.load_trainer_state(path).get("reverse")
+    def _restore(self, ck) -> None:
+        super()._restore(ck)
+        self._pending = ck.state.get("reverse")
         if self._pending is None:
-            raise ValueError(f"checkpoint {path} was not written by a reverse-turn trainer")
+            raise CheckpointError(f"checkpoint {ck.path} was not written by a reverse-turn trainer")
 
     # ------------------------------------------------------------------ engine and budget
 
+    def shares_engine(self) -> bool:
+        """``rtpo.sync_every > 1``: a separate copy that only sees the weights at a sync."""
+        return self.cfg.rtpo.sync_every == 1
+
     def sync_engine(self) -> None:
         """Push the current weights to the engine (they become ``theta_old`` of what it samples)."""
-        if not self.shared_engine:
+        if self.shared_engine:
+            self.engine.sync()  # no-op for hf; vllm pulls the weights if they changed
+        else:
             self.engine.sync(self.model.state_dict())
         self._versions[1] = self._versions[0]
 
@@ -264,6 +265,7 @@ class ReverseTurnTrainer(GroupTrainer):
             return {}
         self.budget.trainable_tokens += sum(r.num_trainable for r in rows)
         before = consistency_metrics(rows, self.scored(rows))
+        self.engine.sleep()
         m = ppo_update(
             self.train_model,
             self.optimizer,
@@ -386,6 +388,9 @@ class ReverseTurnTrainer(GroupTrainer):
             }
         )
         if self.cfg.train.save_rollouts and batch["rollouts"] and self.is_main:
-            (self.run_dir / "rollouts").mkdir(exist_ok=True)
-            write_jsonl(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"])
+            t, notes = self.cfg.train, None
+            if t.save_credit:
+                notes = reverse_stage_records(batch, k, estimator=t.trainer, iteration=sweep.iteration)
+            write_rollout_log(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", batch["rollouts"], notes)
+        self.logger.log_rollouts(self.step, batch["rollouts"])
         return m

@@ -4,22 +4,26 @@ Each demonstration is tokenized exactly as the agent loop builds contexts
 (``ChatRenderer.sft_example``): the same prompt ids, each assistant message
 followed by its end-of-turn token (trainable), each tool/user reply as masked
 continuation ids. The loss is the mean negative log-likelihood over all
-assistant tokens of the batch.
+assistant tokens of the batch. A NaN or infinite loss or gradient stops training
+(:class:`~horizonrl.errors.NonFiniteError` naming the step), so no such model is saved.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from horizonrl.errors import DataError, NonFiniteError
 from horizonrl.train.batching import collate, micro_batches, token_logprobs
 from horizonrl.trajectory import Row
 
 
 def demo_rows(renderer, demos: Sequence[dict[str, Any]]) -> list[Row]:
+    """One row per demonstration; DataError when none has an assistant token to train on."""
     rows = []
     for i, d in enumerate(demos):
         ids, mask = renderer.sft_example(d["messages"], tools=d.get("tools"))
@@ -35,6 +39,8 @@ def demo_rows(renderer, demos: Sequence[dict[str, Any]]) -> list[Row]:
                 segment_index=0,
             )
         )
+    if not any(r.num_trainable for r in rows):
+        raise DataError(f"no demonstration has an assistant token to train on ({len(rows)} demonstrations)")
     return rows
 
 
@@ -73,7 +79,12 @@ def sft_train(
                 loss = -(lp * sub.mask).sum() / total
                 loss.backward()
                 step_loss += loss.item()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if not (math.isfinite(step_loss) and math.isfinite(float(gn))):
+                raise NonFiniteError(
+                    f"SFT step {len(losses) + 1}: non-finite loss {step_loss} or gradient norm {float(gn)}; "
+                    "no model was written (lower sft.lr)"
+                )
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)

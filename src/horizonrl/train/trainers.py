@@ -2,7 +2,8 @@
 
 ``group`` (:class:`~horizonrl.train.group_trainer.GroupTrainer`: GRPO, Mosaic,
 CCPO, ECHO and every estimator over groups of rollouts) is built in; the
-reverse-turn trainers register themselves in their modules (``rtpo``, ``seeupo``).
+reverse-turn trainers register themselves in their modules (``rtpo``, ``seeupo``),
+and so does the recording-gateway trainer (``gateway``, needs the serve extra).
 A trainer is constructed as ``cls(cfg, resume=bool)`` and trained with ``fit()``.
 """
 
@@ -12,9 +13,16 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from horizonrl.errors import ConfigError
+
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 # Modules that register trainers; imported on first use (they pull in torch and models).
-_MODULES = ("horizonrl.train.group_trainer", "horizonrl.train.rtpo_trainer", "horizonrl.train.seeupo")
+_MODULES = (
+    "horizonrl.train.group_trainer",
+    "horizonrl.train.rtpo_trainer",
+    "horizonrl.train.seeupo",
+    "horizonrl.train.gateway_trainer",
+)
 
 
 def register_trainer(name: str):
@@ -43,8 +51,11 @@ def list_trainers() -> list[str]:
 
 def make_trainer(cfg, *, resume: bool = False):
     """The trainer named by ``cfg.train.trainer``, constructed from ``cfg``."""
+    from horizonrl.train.loggers import check_loggers
+
     _load()
     name = cfg.train.trainer
     if name not in _REGISTRY:
-        raise ValueError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
+        raise ConfigError(f"train.trainer={name!r}: unknown trainer; known: {sorted(_REGISTRY)}")
+    check_loggers(cfg.train.logger_names)  # a missing logger package fails before the model loads
     return _REGISTRY[name](cfg, resume=resume)

@@ -16,19 +16,36 @@ PPO's ``pi_old`` is the rollout's log-probs (``old_logprobs='rollout'``) or a
 no-grad recomputation under the training rows (``'recompute'``, verl's
 default), which matters when rows are not the sampled contexts (flat-history
 baselines) or when a second engine sampled them.
+
+A NaN or infinite loss or gradient norm in a mini-batch raises
+:class:`~horizonrl.errors.NonFiniteError` (``nonfinite='stop'``) or drops that
+optimizer step (``'skip'``, counted in ``train/skipped_batches``); parameters
+that are not finite after a step always raise.
+
+With ``'recompute'`` and ``tis_cap`` set, each token's PPO loss is also weighted
+by the truncated (or masked) importance ratio ``pi_old / pi_rollout`` of
+:func:`horizonrl.losses.rollout_correction` (token or sequence level; MIS drops
+tokens or rows from the loss and its normaliser), logged as
+``train/tis_weight_mean`` (mean weight over the kept tokens),
+``train/tis_clipped_frac`` (trainable tokens whose ratio exceeded the cap:
+truncated or dropped) and ``train/tis_ratio_mean`` / ``train/tis_ratio_max``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from horizonrl.losses import aggregate, kl_penalty, policy_loss, token_coefficients
+from horizonrl.errors import NonFiniteError
+from horizonrl.losses import aggregate, kl_penalty, policy_loss, rollout_correction, token_coefficients
+from horizonrl.losses.mismatch import CORRECTION_LEVELS, CORRECTION_MODES
 from horizonrl.train.batching import collate, micro_batches, token_logprobs
+from horizonrl.train.checkpoint import check_finite
 from horizonrl.trajectory import Row
 
 
@@ -47,10 +64,22 @@ class UpdateSettings:
     grad_clip: float = 1.0
     old_logprobs: str = "rollout"
     logprob_clip: float | None = None
+    policy_loss: str = "ppo"
+    norm_tokens: int | None = None
+    nonfinite: str = "stop"
+    tis_cap: float | None = None
+    tis_level: str = "token"
+    tis_mode: str = "truncate"
 
     def __post_init__(self) -> None:
         if self.old_logprobs not in ("rollout", "recompute"):
             raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be 'rollout' or 'recompute'")
+        if self.nonfinite not in ("stop", "skip"):
+            raise ValueError(f"nonfinite={self.nonfinite!r}: must be 'stop' or 'skip'")
+        if self.tis_level not in CORRECTION_LEVELS or self.tis_mode not in CORRECTION_MODES:
+            raise ValueError(f"tis_level={self.tis_level!r}, tis_mode={self.tis_mode!r}: unknown")
+        if self.tis_cap is not None and (self.old_logprobs != "recompute" or not self.tis_cap > 1):
+            raise ValueError(f"tis_cap={self.tis_cap!r}: needs old_logprobs='recompute' and a cap > 1")
 
 
 def rollout_mini_batches(rows: Sequence[Row], n: int, generator: torch.Generator) -> list[list[int]]:
@@ -113,16 +142,6 @@ def score_rows(
     return out
 
 
-def with_old_logprobs(rows: Sequence[Row], scored: Sequence[torch.Tensor]) -> list[Row]:
-    """Copies of ``rows`` whose ``old_logprobs`` (trainable positions) are the recomputed ones."""
-    out = []
-    for r, lp in zip(rows, scored, strict=True):
-        full = [0.0, *lp.tolist()]
-        old = [full[j] if r.trainable[j] else 0.0 for j in range(len(r))]
-        out.append(dataclasses.replace(r, old_logprobs=old))
-    return out
-
-
 def consistency_metrics(rows: Sequence[Row], scored: Sequence[torch.Tensor]) -> dict[str, float]:
     """``train/ratio_geomean``, ``ratio_max_abs_log`` and the k3 ``KL(pi_rollout || pi_train)``."""
     d = []
@@ -137,6 +156,18 @@ def consistency_metrics(rows: Sequence[Row], scored: Sequence[torch.Tensor]) -> 
         "train/ratio_max_abs_log": float(d.abs().max()),
         "train/kl_rollout_train": float(torch.mean(torch.expm1(d) - d)),
     }
+
+
+def _add_tis_metrics(add, w, keep, rho, mask, cap: float) -> None:
+    """Mismatch-correction metrics of one mini-batch (means over its trainable tokens)."""
+    n = float(mask.sum())
+    if n == 0:
+        return
+    kept = float(keep.sum())
+    add("train/tis_weight_mean", float(w.sum()) / kept if kept else 0.0)
+    add("train/tis_clipped_frac", float(((rho > cap) & (mask > 0)).sum()) / n)
+    add("train/tis_ratio_mean", float(rho.sum()) / n)
+    add("train/tis_ratio_max", float(rho.max()))
 
 
 def ppo_update(
@@ -170,19 +201,36 @@ def ppo_update(
         counts[key] = counts.get(key, 0) + 1
 
     lr_before = optimizer.param_groups[0]["lr"]
+    skipped = 0
     before: dict[str, float] = {}
+    scored = None
     if s.old_logprobs == "recompute":
         scored = score_rows(
             model, rows, device=device, pad_id=pad_id, micro_batch_tokens=s.micro_batch_tokens, world=world
         )
         before = consistency_metrics(rows, scored)
-        rows = with_old_logprobs(rows, scored)
     for epoch in range(s.ppo_epochs):
         for m, idx in enumerate(rollout_mini_batches(rows, s.mini_batches, generator)):
             # Sort by length inside the mini-batch so micro-batches pad little.
             idx.sort(key=lambda i: len(rows[i]))
-            mb = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
-            coef = token_coefficients(mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids)
+            old = [scored[i] for i in idx] if scored is not None else None
+            mb = collate([rows[i] for i in idx], pad_id=pad_id, old_logprobs=old).to(device)
+            tis = None
+            if s.tis_cap is not None:
+                tis, keep, rho = rollout_correction(
+                    mb.old_logprobs,
+                    mb.rollout_logprobs,
+                    mb.mask,
+                    cap=s.tis_cap,
+                    level=s.tis_level,
+                    mode=s.tis_mode,
+                )
+                if epoch == 0:
+                    _add_tis_metrics(add, tis, keep, rho, mb.mask, s.tis_cap)
+                mb.mask = keep  # MIS: dropped tokens leave the loss and its normaliser
+            coef = token_coefficients(
+                mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids, norm_tokens=s.norm_tokens
+            )
             log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
             totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
             chunks = rank_chunks([len(rows[i]) for i in idx], s.micro_batch_tokens, world)
@@ -202,7 +250,10 @@ def ppo_update(
                         dual_clip=s.dual_clip,
                         turn_ids=sub.turn_ids if s.turn_level_is else None,
                         logprob_clip=s.logprob_clip,
+                        clip=s.policy_loss == "ppo",
                     )
+                    if tis is not None:
+                        pl = pl * tis[c]
                     loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
                     totals["pg_loss"] += loss.item()
                     totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
@@ -229,8 +280,25 @@ def ppo_update(
                 log_ratio_sum, n_tok = summed[len(keys) :]
                 max_abs_log = world.max([max_abs_log])[0]
             gn = _grad_norm(model, s.grad_clip, world)
+            if not (math.isfinite(totals["loss"]) and math.isfinite(float(gn))):
+                optimizer.zero_grad(set_to_none=True)
+                what = "loss" if not math.isfinite(totals["loss"]) else "gradient norm"
+                if s.nonfinite == "stop":
+                    raise NonFiniteError(
+                        f"non-finite {what} (loss {totals['loss']}, gradient norm {float(gn)}) in epoch "
+                        f"{epoch}, mini-batch {m}; no checkpoint was written. Lower optim.lr, or set "
+                        "optim.nonfinite=skip to skip such batches"
+                    )
+                skipped += 1
+                continue
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            try:
+                _check_finite(model, world)
+            except NonFiniteError as e:
+                raise NonFiniteError(
+                    f"{e} after the optimizer step (epoch {epoch}, mini-batch {m}); lower optim.lr"
+                ) from None
             add("train/grad_norm", float(gn))
             for k, v in totals.items():
                 add(f"train/{k}", v)
@@ -238,11 +306,16 @@ def ppo_update(
                 add("train/ratio_geomean", float(torch.exp(torch.tensor(log_ratio_sum / n_tok))))
                 add("train/ratio_max_abs_log", max_abs_log)
     if scheduler is not None:
-        scheduler.step()
+        with warnings.catch_warnings():
+            if skipped:  # the schedule counts the step even when its mini-batches were skipped
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            scheduler.step()
     out = {k: sums[k] / counts[k] for k in sums} | before
     out["train/lr"] = lr_before
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
     out["train/rows"] = float(len(rows))
+    if s.nonfinite == "skip":
+        out["train/skipped_batches"] = float(skipped)
     return out
 
 
@@ -256,3 +329,18 @@ def _grad_norm(model: torch.nn.Module, grad_clip: float, world) -> torch.Tensor:
     return torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
     )
+
+
+def _check_finite(model: torch.nn.Module, world) -> None:
+    """``check_finite`` of the weights; sharded: every rank checks its shards and all ranks agree."""
+    if world is None:
+        check_finite(model)
+        return
+    bad = ""
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if not bool(torch.isfinite(local.detach()).all()):
+            bad = name
+            break
+    if world.max([1.0 if bad else 0.0])[0] > 0:
+        raise NonFiniteError(f"parameter {bad or '(on another rank)'} holds NaN or infinite values")

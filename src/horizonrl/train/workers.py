@@ -13,27 +13,10 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from horizonrl.envs import get_env
 from horizonrl.envs.remote import EnvPool, runs_remotely
 from horizonrl.inference import make_engine
 from horizonrl.inference.seeding import SeededEngine
-
-
-@contextlib.contextmanager
-def ray_held(cfg):
-    """Keep Ray up inside (``backend=ray``), e.g. while one engine is closed and the next one started."""
-    if cfg.distributed.backend != "ray":
-        yield
-        return
-    from horizonrl import cluster
-
-    cluster.connect(cfg.distributed.address, num_cpus=cfg.distributed.num_cpus)
-    try:
-        yield
-    finally:
-        cluster.release()
 
 
 def remote_envs(cfg) -> bool:
@@ -78,11 +61,18 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
     return engine
 
 
-def make_env_pool(cfg, env_cls, knobs) -> EnvPool | None:
-    """The environment-worker pool of the run, or None when environments run in the trainer process."""
+def make_env_pool(cfg, setup) -> EnvPool | None:
+    """The environment-worker pool of the run (``setup``: its :class:`EnvSetup`), or None when
+    environments run in the trainer process."""
     if not remote_envs(cfg):
         return None
-    return EnvPool(env_cls, knobs, workers=cfg.distributed.num_env_workers, settings=cfg.distributed)
+    return EnvPool(
+        setup.cls,
+        setup.knobs,
+        workers=cfg.distributed.num_env_workers,
+        settings=cfg.distributed,
+        reward=setup.reward,
+    )
 
 
 def close_quietly(obj) -> None:

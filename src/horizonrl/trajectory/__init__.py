@@ -1,8 +1,9 @@
 """Trajectory data model: turns, segments, rollouts, groups, rows, JSONL."""
 
 from horizonrl.trajectory.io import dumps_rollout, loads_rollout, read_jsonl, write_jsonl
-from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows
+from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows, saved_tokens
 from horizonrl.trajectory.types import (
+    ANNOTATION_KEYS,
     SEGMENT_KINDS,
     SPAN_LABELS,
     Branch,
@@ -11,11 +12,13 @@ from horizonrl.trajectory.types import (
     Segment,
     Span,
     Turn,
+    UnknownFieldWarning,
     rollout_from_dict,
     rollout_to_dict,
 )
 
 __all__ = [
+    "ANNOTATION_KEYS",
     "SEGMENT_KINDS",
     "SPAN_LABELS",
     "Branch",
@@ -26,11 +29,13 @@ __all__ = [
     "Span",
     "TokenAdvantages",
     "Turn",
+    "UnknownFieldWarning",
     "build_rows",
     "dumps_rollout",
     "loads_rollout",
     "read_jsonl",
     "rollout_from_dict",
     "rollout_to_dict",
+    "saved_tokens",
     "write_jsonl",
 ]

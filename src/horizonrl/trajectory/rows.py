@@ -121,3 +121,13 @@ def build_rows(
                 current.turns.append(ti)
                 turn_counter += 1
     return rows
+
+
+def saved_tokens(rollout: Rollout) -> int:
+    """Trajectory volume as *saved segment tokens*: the total length of the rollout's rows.
+
+    Each segment's context is counted once (a turn that extends the previous one adds only
+    its new tokens), unlike the sum over turns of prompt + response, which counts every
+    shared prefix again (the tokens *processed*).
+    """
+    return sum(len(r) for r in build_rows([rollout]))

@@ -14,6 +14,7 @@ This module depends on nothing else in the package.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,23 +173,45 @@ def _to_dict(obj: Any) -> Any:
     return obj
 
 
-def turn_from_dict(d: dict[str, Any]) -> Turn:
-    d = dict(d)
-    d["spans"] = [Span(**s) for s in d.get("spans", [])]
+#: Top-level keys of a rollout record that annotate it without being :class:`Rollout` fields:
+#: ``credit`` (per-token advantages, rows and estimator side information, written by
+#: ``horizonrl.train.rollout_log``). Loading skips them silently.
+ANNOTATION_KEYS = frozenset({"credit"})
+
+
+class UnknownFieldWarning(UserWarning):
+    """A rollout record holds a field this version does not know; it was ignored."""
+
+
+def _known(cls: type, d: dict[str, Any], where: str, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``d`` restricted to the fields of ``cls``; other keys (except ``skip``) warn and are dropped."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in d if k not in names and k not in skip)
+    if unknown:
+        warnings.warn(f"{where}: unknown field(s) {unknown} ignored", UnknownFieldWarning, stacklevel=3)
+    return {k: v for k, v in d.items() if k in names}
+
+
+def turn_from_dict(d: dict[str, Any], where: str = "turn") -> Turn:
+    d = _known(Turn, d, where)
+    d["spans"] = [Span(**_known(Span, s, f"{where} span {k}")) for k, s in enumerate(d.get("spans", []))]
     return Turn(**d)
 
 
-def segment_from_dict(d: dict[str, Any]) -> Segment:
-    d = dict(d)
-    d["turns"] = [turn_from_dict(t) for t in d.get("turns", [])]
+def segment_from_dict(d: dict[str, Any], where: str = "segment") -> Segment:
+    d = _known(Segment, d, where)
+    d["turns"] = [turn_from_dict(t, f"{where} turn {k}") for k, t in enumerate(d.get("turns", []))]
     return Segment(**d)
 
 
-def rollout_from_dict(d: dict[str, Any]) -> Rollout:
-    d = dict(d)
-    d["segments"] = [segment_from_dict(s) for s in d.get("segments", [])]
+def rollout_from_dict(d: dict[str, Any], where: str = "rollout") -> Rollout:
+    """The :class:`Rollout` of a record; unknown fields warn (:class:`UnknownFieldWarning`), are ignored."""
+    d = _known(Rollout, d, where, ANNOTATION_KEYS)
+    d["segments"] = [
+        segment_from_dict(s, f"{where} segment {k}") for k, s in enumerate(d.get("segments", []))
+    ]
     if d.get("branch") is not None:
-        d["branch"] = Branch(**d["branch"])
+        d["branch"] = Branch(**_known(Branch, d["branch"], f"{where} branch"))
     return Rollout(**d)
 
 

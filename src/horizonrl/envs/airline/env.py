@@ -74,6 +74,7 @@ from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.common import check_bool, check_int, check_noise
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, format_tool_call, parse_tool_calls
+from horizonrl.textparse import cap_text, iter_blocks, strip_think
 
 AGENT_INSTRUCTION = (
     "You are a customer service agent that helps the user according to the <policy> provided below.\n"
@@ -86,16 +87,17 @@ EMPTY_MESSAGE = (
     f"Error: empty message. Write to the customer, or call a tool with {TOOL_OPEN}...{TOOL_CLOSE}."
 )
 TRANSFER_MESSAGE = "YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
-_CALLS = re.compile(
-    re.escape(TOOL_OPEN) + r".*?(?:" + re.escape(TOOL_CLOSE) + r"|(?=" + re.escape(TOOL_OPEN) + r")|$)",
-    re.DOTALL,
-)
 
 
 def visible_text(action: str) -> str:
     """The part of an assistant message addressed to the customer (no ``<think>`` or tool calls)."""
-    return _CALLS.sub("", _THINK.sub("", action)).strip()
+    text = strip_think(cap_text(action))
+    kept, pos = [], 0
+    for block in iter_blocks(text, TOOL_OPEN, TOOL_CLOSE):
+        kept.append(text[pos : block.start])
+        pos = block.end
+    kept.append(text[pos:])
+    return "".join(kept).strip()
 
 
 def task_from_record(rec: dict[str, Any], split: str) -> Task:

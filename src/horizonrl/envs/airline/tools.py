@@ -392,15 +392,20 @@ _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
 _UNOPS: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-def _arith(node: ast.AST) -> float:
+_MAX_ARITH_DEPTH = 200  # operator nesting of a calculate expression (deeper: an error, not a RecursionError)
+
+
+def _arith(node: ast.AST, depth: int = 0) -> float:
+    if depth > _MAX_ARITH_DEPTH:
+        raise ValueError(f"Unsupported expression (operators nested deeper than {_MAX_ARITH_DEPTH})")
     if isinstance(node, ast.Expression):
-        return _arith(node.body)
+        return _arith(node.body, depth)
     if isinstance(node, ast.Constant) and _is_number(node.value):
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_arith(node.left), _arith(node.right))
+        return _BINOPS[type(node.op)](_arith(node.left, depth + 1), _arith(node.right, depth + 1))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
-        return _UNOPS[type(node.op)](_arith(node.operand))
+        return _UNOPS[type(node.op)](_arith(node.operand, depth + 1))
     raise ValueError("Unsupported expression (use numbers, + - * /, parentheses)")
 
 
@@ -414,6 +419,8 @@ def calculate(db: AirlineDB, a: dict[str, Any]) -> str:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as e:
         raise ValueError(f"Invalid expression: {e.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError("Invalid expression: nested too deeply") from None
     return str(round(float(_arith(tree)), 2))
 
 

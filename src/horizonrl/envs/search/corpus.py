@@ -17,12 +17,14 @@ SHA-256 of its file), which keys the on-disk index cache.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from horizonrl.errors import DataError
+from horizonrl.jsonl import Record, read_jsonl
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 BUILTIN = "builtin"
@@ -97,26 +99,14 @@ def _cache_key(path: Path) -> tuple[str, int, int]:
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line; ValueError naming the line otherwise."""
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-            yield n, obj
+    """(line number, object) for every record (:func:`horizonrl.jsonl.read_jsonl`: DataError naming
+    the line for anything that is not a JSON object; a torn last line is skipped with a warning)."""
+    for rec in read_jsonl(path, what="records"):
+        yield rec.line, rec.value
 
 
 def _field(path: Path, n: int, obj: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, types):
-        want = " or ".join(t.__name__ for t in types)
-        raise ValueError(f"{path}:{n}: field {key!r} must be {want}, got {value!r}")
-    return value
+    return Record(str(path), n, obj).get(key, types)  # a missing field reads as None (wrong type)
 
 
 def load_corpus(spec: str | Path = BUILTIN) -> Corpus:
@@ -131,15 +121,15 @@ def load_corpus(spec: str | Path = BUILTIN) -> Corpus:
     for n, obj in _rows(path):
         doc_id = str(_field(path, n, obj, "id", (str, int))).strip()
         if not doc_id:
-            raise ValueError(f"{path}:{n}: field 'id' is empty")
+            raise DataError(f"{path}:{n}: field 'id' is empty")
         if doc_id in positions:
-            raise ValueError(f"{path}:{n}: duplicate document id {doc_id!r}")
+            raise DataError(f"{path}:{n}: duplicate document id {doc_id!r}")
         title = _field(path, n, obj, "title", (str,))
         text = _field(path, n, obj, "text", (str,))
         positions[doc_id] = len(docs)
         docs.append(Document(doc_id, title, text))
     if not docs:
-        raise ValueError(f"{path}: the corpus has no documents")
+        raise DataError(f"{path}: the corpus has no documents")
     corpus = Corpus(str(path), file_hash(path), tuple(docs), positions)
     with _lock:
         return _corpora.setdefault(key, corpus)
@@ -158,7 +148,7 @@ def load_questions(spec: str | Path, corpus: Corpus) -> tuple[Question, ...]:
     for q in cached:
         for doc_id in q.gold_docs:
             if corpus.get(doc_id) is None:
-                raise ValueError(
+                raise DataError(
                     f"{path}: question {q.id!r} cites gold document {doc_id!r}, which is not in the "
                     f"corpus {corpus.path}"
                 )
@@ -170,7 +160,7 @@ def _parse_questions(path: Path) -> Iterator[Question]:
     for n, obj in _rows(path):
         qid = str(_field(path, n, obj, "id", (str, int)))
         if qid in seen:
-            raise ValueError(f"{path}:{n}: duplicate question id {qid!r}")
+            raise DataError(f"{path}:{n}: duplicate question id {qid!r}")
         seen.add(qid)
         text = _field(path, n, obj, "question", (str,))
         answer = _field(path, n, obj, "answer", (str, int, float))
@@ -179,14 +169,14 @@ def _parse_questions(path: Path) -> Iterator[Question]:
         queries = obj.get("queries", [])
         for name, value in (("aliases", aliases), ("gold_docs", gold), ("queries", queries)):
             if not isinstance(value, list) or not all(isinstance(v, str | int) for v in value):
-                raise ValueError(f"{path}:{n}: field {name!r} must be a list of strings, got {value!r}")
+                raise DataError(f"{path}:{n}: field {name!r} must be a list of strings, got {value!r}")
         if queries and len(queries) != len(gold):
-            raise ValueError(
+            raise DataError(
                 f"{path}:{n}: 'queries' has {len(queries)} entries but 'gold_docs' has {len(gold)}"
             )
         hops = obj.get("hops", max(1, len(gold)))
         if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
-            raise ValueError(f"{path}:{n}: field 'hops' must be a positive integer, got {hops!r}")
+            raise DataError(f"{path}:{n}: field 'hops' must be a positive integer, got {hops!r}")
         yield Question(
             qid,
             text,

@@ -20,6 +20,11 @@ of the process (:mod:`.index`); an episode's own state (searches, documents
 seen and opened, the answer) is in ``self.state``, so the default snapshot is
 exact. The scripted expert searches for each gold document's query in hop order,
 opens the document, and finishes with the gold answer.
+
+Tasks may also come from a file (``env.tasks``): each row's prompt is asked over
+the configured corpus; optional ``gold_docs`` and ``queries`` columns (lists)
+give the expert its chain, without them it searches the question once and
+finishes with the gold answer.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ import random
 import threading
 from typing import Any, ClassVar
 
-from horizonrl.envs.base import StepResult, Task
-from horizonrl.envs.common import ToolEnv, check_int, check_noise, generate_tasks, normalize_answer
+from horizonrl.envs.base import StepResult, Task, is_file_task
+from horizonrl.envs.common import ToolEnv, check_int, check_noise, generate_tasks
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.search.corpus import Corpus, Question, load_corpus, load_questions, resolve
 from horizonrl.envs.search.index import RETRIEVERS, IndexSettings, open_index
@@ -41,6 +46,7 @@ from horizonrl.envs.tools import (
     error_format_hint,
     format_tool_call,
 )
+from horizonrl.rewards import normalize_text
 
 PAGE_TOOLS = ("open_page", "visit")
 
@@ -118,6 +124,7 @@ class SearchEnv(ToolEnv):
     no bound); ``max_steps`` (assistant messages per episode, default 30).
     """
 
+    qa_style: ClassVar[bool] = True
     KNOBS: ClassVar[dict[str, Any]] = {
         "corpus": "builtin",
         "questions": "builtin",
@@ -243,6 +250,21 @@ class SearchEnv(ToolEnv):
 
     def _init_state(self, task: Task) -> dict[str, Any]:
         m = task.meta
+        if is_file_task(task):
+            fields = m.get("fields", {})
+            docs = [str(d) for d in fields.get("gold_docs") or []]
+            queries = [str(q) for q in fields.get("queries") or []]
+            if len(queries) != len(docs):
+                queries = [(self.corpus.get(d).title if self.corpus.get(d) else d) for d in docs]
+            return {
+                "qid": task.id,
+                "gold_docs": docs,
+                "queries": queries,
+                "searches": [],
+                "seen": [],
+                "opened": [],
+                "final_answer": None,
+            }
         if m.get("corpus") != self.corpus.hash[:16]:
             raise ValueError(
                 f"task {task.id!r} was made for corpus {m.get('corpus')!r}, but this environment searches "
@@ -271,8 +293,7 @@ class SearchEnv(ToolEnv):
         if call.name == FINISH.name:
             st = self.state
             st["final_answer"] = call.arguments["answer"].strip()
-            st["done"], st["success"] = True, self.check_answer(st["final_answer"])
-            return ("Correct." if st["success"] else "Incorrect."), False
+            return ("Correct." if self.finish(st["final_answer"]) else "Incorrect."), False
         return self._open(call.arguments["doc_id"], call.arguments.get("offset", 0))
 
     def _search(self, query: str) -> tuple[str, bool]:
@@ -351,9 +372,11 @@ class SearchEnv(ToolEnv):
             if doc_id in st["seen"] or query in st["searches"]:
                 return format_tool_call(self._page_tool.name, {"doc_id": doc_id})
             return format_tool_call(SEARCH.name, {"query": query})
+        if not st["gold_docs"] and not st["searches"]:  # a file task without its chain
+            return format_tool_call(SEARCH.name, {"query": st["question"]})
         return format_tool_call(FINISH.name, {"answer": st["answer"]})
 
     def _wrong_answer(self, rng: random.Random) -> str:
-        right = {normalize_answer(a) for a in [self.state["answer"], *self.state["aliases"]]}
-        wrong = sorted({q.answer for q in self.questions if normalize_answer(q.answer) not in right})
+        right = {normalize_text(a) for a in self.golds()}
+        wrong = sorted({q.answer for q in self.questions if normalize_text(q.answer) not in right})
         return rng.choice(wrong) if wrong else f"not {self.state['answer']}"

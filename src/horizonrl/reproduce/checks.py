@@ -1,0 +1,195 @@
+"""Regime checks run with the scripted expert before any RL (seconds, no model).
+
+A comparison can only show a paper's effect if the mechanism it credits is
+exercised by the task: sessions whose count varies within outcome subgroups
+(Mosaic), memories with more records than the reconstruction keeps (ECHO),
+observation text shared by different hidden states (CCPO). Each check runs the
+configured agent program with :class:`~horizonrl.agents.expert.ExpertEngine` at
+the warm start's noise (``sft.noise``), so it measures what the warm start will
+imitate, and returns rows ``{"name", "value", "target", "ok"}`` that the harness
+prints and records (a failed row refuses RL like the gate; ``--force`` overrides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from horizonrl.config import RunConfig
+from horizonrl.trajectory import Group, Rollout, saved_tokens
+
+Row = dict[str, Any]
+
+
+def expert_groups(
+    cfg: RunConfig, *, n_tasks: int = 32, group_size: int | None = None, seed: int = 0
+) -> list[Group]:
+    """``group_size`` expert rollouts (noise ``sft.noise``) of ``n_tasks`` training tasks, ``cfg``'s agent."""
+    from horizonrl.agents import AgentSpec, LoopLimits
+    from horizonrl.agents.expert import ExpertEngine
+    from horizonrl.inference import SamplingParams
+    from horizonrl.models import ChatRenderer, load_model_and_tokenizer
+    from horizonrl.train.collect import collect_groups
+    from horizonrl.train.env_setup import env_setup
+
+    setup = env_setup(cfg.env)
+    tasks = setup.tasks(n_tasks, seed=cfg.env.seed, split="train")
+    tok_dir = _tokenizer_dir(cfg)
+    _, tok = load_model_and_tokenizer(tok_dir)
+    renderer = ChatRenderer(tok)
+    r = cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens)
+    limits = LoopLimits(max_turns=r.max_turns, context_budget=r.context_budget, overflow=r.overflow)
+    spec = AgentSpec(
+        renderer=renderer,
+        params=params,
+        limits=limits,
+        context=r.context,
+        context_params=dict(r.context_params),
+        agent_params=dict(r.agent_params),
+        make_env=setup.make,
+    )
+    engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=seed, noise=cfg.sft.noise)
+    g = group_size or r.group_size
+    return collect_groups(engine, renderer, spec.make_env, tasks, g, params, limits, agent=r.agent, spec=spec)
+
+
+def _tokenizer_dir(cfg: RunConfig):
+    """A directory with the run's tokenizer (the tiny one is built once, cached; no model weights used)."""
+    from pathlib import Path
+
+    from horizonrl.train.bootstrap import build_tiny
+
+    if cfg.model.path != "tiny":
+        return cfg.model.path
+    m = dataclasses.replace(cfg.model, tiny_pretrain_steps=0)
+    key = f"tok_v{m.tiny_vocab}_s{m.seed}_n{int(m.tiny_name_tokens)}"
+    path = Path.home() / ".cache" / "horizonrl" / "checks" / key
+    if not (path / "tokenizer.json").exists():
+        build_tiny(m, path)
+    return path
+
+
+def row(name: str, value: float, target: str, ok: bool) -> Row:
+    return {"name": name, "value": round(float(value), 3), "target": target, "ok": bool(ok)}
+
+
+def _flat(groups: list[Group]) -> list[Rollout]:
+    return [r for g in groups for r in g.rollouts]
+
+
+def mixed_group_rate(groups: list[Group]) -> float:
+    return float(np.mean([0 < sum(r.success for r in g.rollouts) < len(g.rollouts) for g in groups]))
+
+
+# ----------------------------------------------------------------- Mosaic
+
+
+def session_spread_rate(groups: list[Group]) -> float:
+    """Share of outcome subgroups (a group's successes or failures, >= 2) whose session counts differ."""
+    spread = []
+    for g in groups:
+        for outcome in (True, False):
+            n = [len(r.segments) for r in g.rollouts if r.success == outcome]
+            if len(n) >= 2:
+                spread.append(len(set(n)) > 1)
+    return float(np.mean(spread)) if spread else 0.0
+
+
+def mosaic_checks(cfg: RunConfig, *, mixed: float = 0.8, spread: float = 0.7) -> list[Row]:
+    groups = expert_groups(cfg)
+    ro = _flat(groups)
+    succ = [len(r.segments) for r in ro if r.success]
+    fail = [len(r.segments) for r in ro if not r.success]
+    success = float(np.mean([r.success for r in ro]))
+    return [
+        row("expert success", success, "0.2-0.8", 0.2 <= success <= 0.8),
+        row("mixed groups", mixed_group_rate(groups), f">= {mixed}", mixed_group_rate(groups) >= mixed),
+        row("outcome subgroups with a session-count spread", session_spread_rate(groups), f">= {spread}",
+            session_spread_rate(groups) >= spread),
+        row("sessions per success", np.mean(succ) if succ else 0.0, "report", True),
+        row("sessions per failure", np.mean(fail) if fail else 0.0, "report", True),
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------- ECHO
+
+
+def echo_checks(
+    cfg: RunConfig, *, supo: RunConfig | None = None, append: RunConfig | None = None
+) -> list[Row]:
+    """Segments of 2-3 turns, more records than K + S, credited fraction 0.3-0.7, ECHO volume < SUPO's."""
+    from horizonrl.credit.echo import rollout_provenance
+
+    groups = expert_groups(cfg)
+    ro = _flat(groups)
+    p = cfg.rollout.context_params
+    keep = int(p.get("keep_latest", 3)) + int(p.get("max_selected", 8))
+    nonfinal = [
+        sum(not t.info.get("rolled_back") for t in s.turns)
+        for r in ro
+        for s in r.segments[:-1]
+        if s.kind == "normal"
+    ]
+    over, credited = [], []
+    for r in ro:
+        sel = [s for s in r.segments if s.kind == "selection"]
+        for s in sel:
+            over.append(int(s.info.get("records", 0)) > keep)
+        if r.success and sel:
+            mask = rollout_provenance(r).mask()
+            credited.append(float(np.mean(mask)) if len(mask) else 0.0)
+    out = [
+        row("expert success (ECHO)", np.mean([r.success for r in ro]), "report", True),
+        row("agent turns per non-final segment", np.mean(nonfinal) if nonfinal else 0.0, "2-3",
+            bool(nonfinal) and 2.0 <= np.mean(nonfinal) <= 3.5),
+        row(f"reconstructions with more records than K+S={keep}", np.mean(over) if over else 0.0, "> 0.5",
+            bool(over) and np.mean(over) > 0.5),
+        row("credited fraction, successful reconstructed rollouts", np.mean(credited) if credited else 0.0,
+            "0.3-0.7", bool(credited) and 0.3 <= np.mean(credited) <= 0.7),
+    ]  # fmt: skip
+    echo_volume = np.mean([saved_tokens(r) for r in ro])
+    out.append(row("saved tokens per rollout (ECHO)", echo_volume, "report", True))
+    if supo is not None:
+        s_ro = _flat(expert_groups(supo))
+        s_volume = np.mean([saved_tokens(r) for r in s_ro])
+        out.append(row("saved tokens per rollout (SUPO)", s_volume, "> ECHO's", s_volume > echo_volume))
+        out.append(row("expert success (SUPO)", np.mean([r.success for r in s_ro]), "report", True))
+    if append is not None:
+        a = np.mean([r.success for r in _flat(expert_groups(append))])
+        out.append(row("expert success (GRPO, truncation)", a, "0.1-0.6", 0.1 <= a <= 0.6))
+    return out
+
+
+# ----------------------------------------------------------------- CCPO
+
+
+def ccpo_checks(cfg: RunConfig, *, exact: float = 0.5, aliased: float = 0.2) -> list[Row]:
+    from horizonrl.train.hidden import aliased_rate, support_rates
+
+    groups = expert_groups(cfg, n_tasks=24)
+    sup, ex = support_rates(groups, observation="text")
+    al = aliased_rate(groups)
+    ro = _flat(groups)
+    return [
+        row("expert success", np.mean([r.success for r in ro]), "report", True),
+        row("mixed groups", mixed_group_rate(groups), ">= 0.5", mixed_group_rate(groups) >= 0.5),
+        row("steps with an exact text peer (ccpo/exact_peer_rate)", ex, f">= {exact}", ex >= exact),
+        row("steps with any peer (ccpo/supported_rate)", sup, ">= 0.95", sup >= 0.95),
+        row(
+            "steps whose text hides different states (ccpo/aliased_rate)", al, f">= {aliased}", al >= aliased
+        ),
+    ]
+
+
+def with_overrides(cfg: RunConfig, **sections: dict[str, Any]) -> RunConfig:
+    """``cfg`` with some fields of some sections replaced (``rollout={"context": "summary"}``)."""
+    return dataclasses.replace(
+        cfg, **{name: dataclasses.replace(getattr(cfg, name), **values) for name, values in sections.items()}
+    )
+
+
+Check = Callable[[RunConfig], list[Row]]

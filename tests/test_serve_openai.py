@@ -1,0 +1,311 @@
+"""`horizonrl serve` of the real tiny model, spoken to with the official ``openai`` client (issue 15.7).
+
+One server per module (``python -m horizonrl.cli serve`` in a subprocess on a free 127.0.0.1 port,
+slices of 8 tokens); every expectation is computed here independently of the server: greedy
+log-probs by a plain full-forward loop over the model, prompt lengths by the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import torch  # noqa: E402
+
+MODEL = "tiny"
+SLICE = 8
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "search the corpus",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+]
+HI = [{"role": "user", "content": "hi"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve-openai") / "server.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "horizonrl.cli",
+        "serve",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--model-name",
+        MODEL,
+        "--slice-tokens",
+        str(SLICE),
+        "--max-request-tokens",
+        "16384",
+        "--log-level",
+        "warning",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"horizonrl serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"horizonrl serve did not come up in 90 s:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(base):
+    with openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_dir):
+    """The same model and tokenizer loaded here, for independent expectations."""
+    from transformers import AutoModelForCausalLM
+
+    from horizonrl.models import ChatRenderer, load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return model, tok, ChatRenderer(tok)
+
+
+def test_models_list_and_retrieve(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    card = client.models.retrieve(MODEL)
+    assert (card.id, card.object, card.owned_by) == (MODEL, "model", "horizonrl")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-nope")
+    assert info.value.body["param"] == "model" and "gpt-nope" in info.value.body["message"]
+
+
+def test_seed_range_is_a_400_and_seeds_reproduce(client):
+    for seed in (2**64, -(2**63) - 1, 10**30):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=HI, seed=seed, max_tokens=4)
+        assert info.value.status_code == 400 and info.value.body["param"] == "seed"
+        assert info.value.body["message"].startswith("seed:")
+    a, b = (
+        client.chat.completions.create(model=MODEL, messages=HI, seed=2**64 - 1, max_tokens=20) for _ in "ab"
+    )
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.completion_tokens == 20 or a.choices[0].finish_reason == "stop"
+
+
+def _greedy_reference(local, messages, steps: int, k: int):
+    """(token ids, log-probs, top-k ids, top-k log-probs) of greedy decoding, one full forward per step."""
+    model, _, renderer = local
+    ids = renderer.initial_ids(messages)
+    out = []
+    with torch.no_grad():
+        for _ in range(steps):
+            lp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+            top = lp.topk(k)
+            nxt = int(lp.argmax())
+            out.append((nxt, float(lp[nxt]), top.indices.tolist(), top.values.tolist()))
+            ids = [*ids, nxt]
+            if nxt == renderer.eos_id:
+                break
+    return out
+
+
+def test_logprobs_and_top_logprobs_match_a_plain_forward(client, local):
+    _, tok, _ = local
+    r = client.chat.completions.create(
+        model=MODEL, messages=HI, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3
+    )
+    entries = r.choices[0].logprobs.content
+    ref = _greedy_reference(local, HI, 12, 3)
+    assert len(entries) == len(ref) == r.usage.completion_tokens
+    for e, (nxt, lp, top_ids, top_lps) in zip(entries, ref, strict=True):
+        assert e.token == tok.decode([nxt]) and e.bytes == list(e.token.encode())
+        assert e.logprob == pytest.approx(lp, abs=1e-4)
+        assert [t.token for t in e.top_logprobs] == [tok.decode([i]) for i in top_ids]
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx(top_lps, abs=1e-4)
+    plain = client.chat.completions.create(model=MODEL, messages=HI, temperature=0, max_tokens=12)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == r.choices[0].message.content
+
+
+def _collect(stream):
+    content, calls, reasons, lps, usage = [], {}, [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                content.append(c.delta.content)
+            for tc in c.delta.tool_calls or []:
+                calls.setdefault(tc.index, []).append(tc)
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+            if c.logprobs and c.logprobs.content:
+                lps.extend(c.logprobs.content)
+    return "".join(content), calls, reasons, lps, usage
+
+
+def test_stream_equals_the_non_streamed_completion(client):
+    kw = dict(model=MODEL, messages=HI, seed=3, max_tokens=30, logprobs=True, top_logprobs=2)
+    full = client.chat.completions.create(**kw)
+    text, calls, reasons, lps, usage = _collect(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    assert text == full.choices[0].message.content and calls == {}
+    assert reasons == [full.choices[0].finish_reason]
+    assert [(e.token, e.logprob) for e in lps] == [
+        (e.token, e.logprob) for e in full.choices[0].logprobs.content
+    ]
+    assert usage.completion_tokens == full.usage.completion_tokens == len(lps)
+    # Raw server-sent events: OpenAI chunk objects, then [DONE].
+    with httpx.stream(
+        "POST",
+        str(client.base_url) + "chat/completions",
+        json={"messages": HI, "stream": True, "max_tokens": 5},
+    ) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    first = json.loads(lines[0].removeprefix("data: "))
+    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
+
+
+def test_stop_string_across_slices(client):
+    """A seeded request runs in fixed slices of 8 tokens; a stop string made of the last token of one
+    slice and the first of the next is found by the scheduler, not by a single engine call."""
+    for seed in range(40):
+        kw = dict(model=MODEL, messages=HI, seed=seed, max_tokens=40, logprobs=True)
+        full = client.chat.completions.create(**kw)
+        text = full.choices[0].message.content
+        toks = [e.token for e in full.choices[0].logprobs.content]
+        for b in range(SLICE, len(toks) - 1, SLICE):
+            stop = toks[b - 1] + toks[b]
+            head = "".join(toks[: b - 1])
+            clean = stop.strip() and "\ufffd" not in stop and "<" not in stop
+            if clean and text.startswith(head + stop) and text.find(stop) == len(head):
+                cut = client.chat.completions.create(**kw, stop=[stop])
+                assert cut.choices[0].message.content == head
+                assert cut.choices[0].finish_reason == "stop"
+                assert cut.usage.completion_tokens == b + 1  # cut after the token completing the stop
+                streamed, _, reasons, _, _ = _collect(
+                    client.chat.completions.create(**kw, stop=[stop], stream=True)
+                )
+                assert streamed == head and reasons == ["stop"]
+                return
+    pytest.fail("no seed gave a clean stop string across a slice boundary")
+
+
+def test_tool_choice_required_and_named_prefill(client, local):
+    _, tok, renderer = local
+    prompt = renderer.initial_ids(HI, [t for t in TOOLS])
+    req = client.chat.completions.create(
+        model=MODEL, messages=HI, tools=TOOLS, tool_choice="required", max_tokens=10
+    )
+    (choice,) = req.choices
+    # The random model cannot finish a valid call, so the forced opening stays in the content.
+    assert (choice.message.content or "").startswith("<tool_call>") or choice.message.tool_calls
+    assert req.usage.prompt_tokens == len(prompt) + len(tok.encode("<tool_call>", add_special_tokens=False))
+    opening = '<tool_call>{"name": "search", "arguments": '
+    named = dict(
+        model=MODEL,
+        messages=HI,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "search"}},
+        max_tokens=10,
+        seed=5,
+    )
+    out = client.chat.completions.create(**named)
+    assert out.choices[0].message.content.startswith(opening)
+    assert out.usage.prompt_tokens == len(prompt) + len(tok.encode(opening, add_special_tokens=False))
+    text, calls, reasons, _, _ = _collect(client.chat.completions.create(**named, stream=True))
+    assert calls == {} or [c[0].function.name for c in calls.values()] == ["search"]
+    assert text == out.choices[0].message.content and reasons == [out.choices[0].finish_reason]
+    auto = client.chat.completions.create(model=MODEL, messages=HI, tools=TOOLS, max_tokens=10, seed=5)
+    assert not (auto.choices[0].message.content or "").startswith("<tool_call>")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=HI,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
+    assert info.value.body["param"] == "tool_choice.function.name"
+
+
+def test_request_cap_names_the_field(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=HI, n=16, max_tokens=1025)
+    body = info.value.body
+    assert body["param"] == "max_tokens" and body["message"].startswith("max_tokens:")
+
+
+def test_small_request_is_not_queued_behind_a_large_one(base, client):
+    """Old behaviour: one lock per request, so the small request waited for all 16 x 900 tokens."""
+    large_msgs = [{"role": "user", "content": "Tell me a story."}]
+    times: dict[str, float] = {}
+
+    def large():
+        r = client.chat.completions.create(
+            model=MODEL, messages=large_msgs, n=16, max_tokens=900, extra_body={"ignore_eos": True}
+        )
+        times["large_end"] = time.perf_counter()
+        times["large_tokens"] = r.usage.completion_tokens
+
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=large)
+    thread.start()
+    time.sleep(0.3)
+    s0 = time.perf_counter()
+    small = client.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    times["small_end"] = time.perf_counter()
+    thread.join(timeout=300)
+    assert small.usage.completion_tokens == 4 and times["large_tokens"] == 16 * 900
+    small_latency, large_duration = times["small_end"] - s0, times["large_end"] - t0
+    assert times["small_end"] < times["large_end"], (small_latency, large_duration)
+    assert small_latency < 0.5 * large_duration, (small_latency, large_duration)
+    assert httpx.get(base + "/health").json()["queued"] == 0
