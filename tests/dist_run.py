@@ -25,22 +25,20 @@ def main() -> None:
     args = [a for a in args if a != "--resume"]
     out, overrides = Path(args[0]), args[1:]
     trainer = make_trainer(load_config(None, overrides), resume=resume)
-    times, saved = [], {}
-    advance, close = trainer.advance, trainer.close
+    times = []
+    advance = trainer.advance
 
     def timed_advance():
         m = advance()
         times.append(m.get("time/update_s", 0.0))
         return m
 
-    def close_after_gather():  # fit() ends with close(), which leaves the process group
-        world = trainer.world
-        full = world.full_state_dict(trainer.model) if world is not None else trainer.model.state_dict()
-        saved.update({k: v.detach().cpu().clone() for k, v in full.items()})
-        close()
-
-    trainer.advance, trainer.close = timed_advance, close_after_gather
+    trainer.advance = timed_advance
     trainer.fit()
+    world = trainer.world
+    full = world.full_state_dict(trainer.model) if world is not None else trainer.model.state_dict()
+    saved = {k: v.detach().cpu().clone() for k, v in full.items()}
+    trainer.close()  # leaves the process group
     if trainer.is_main:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(saved, out / "weights.pt")

@@ -29,8 +29,8 @@ from horizonrl.train.metrics import read_metrics
 from horizonrl.trajectory import read_jsonl
 
 HERE = Path(__file__).resolve().parent
-#: The last commit before distributed / asynchronous training (what max_staleness=0 must reproduce).
-BASE_COMMIT = "ff3f749"
+#: main just before distributed / asynchronous training was merged (what max_staleness=0 reproduces).
+BASE_COMMIT = "5df232a"
 
 
 def _cfg(model_dir, out, *extra):
@@ -66,7 +66,7 @@ def _deterministic(records):
 
 def test_batches_are_sampled_by_the_weights_of_step_minus_k(tiny_model_dir, tmp_path):
     run = tmp_path / "k1"
-    records = GroupTrainer(
+    trainer = GroupTrainer(
         _cfg(
             tiny_model_dir,
             run,
@@ -75,7 +75,9 @@ def test_batches_are_sampled_by_the_weights_of_step_minus_k(tiny_model_dir, tmp_
             "train.save_every=1",
             "train.keep_checkpoints=3",
         )
-    ).fit()
+    )
+    records = trainer.fit()
+    trainer.close()
     assert [r["async/policy_version"] for r in records] == [0.0, 0.0, 1.0]
     assert [r["async/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
     assert [r["async/recomputed"] for r in records] == [0.0, 1.0, 1.0]
@@ -108,14 +110,18 @@ def test_async_runs_are_reproducible_and_resume_exactly(tiny_model_dir, tmp_path
     common = ("train.max_staleness=2", "train.save_every=2", "train.eval_every=2", "algo.kl_coef=0.01")
     full = GroupTrainer(_cfg(tiny_model_dir, tmp_path / "a", "train.steps=4", *common))
     full.fit()
+    full.close()
     again = GroupTrainer(_cfg(tiny_model_dir, tmp_path / "c", "train.steps=4", *common))
     again.fit()
+    again.close()
     first = GroupTrainer(_cfg(tiny_model_dir, tmp_path / "b", "train.steps=2", *common))
     first.fit()
+    first.close()
     del first
     resumed = GroupTrainer(_cfg(tiny_model_dir, tmp_path / "b", "train.steps=4", *common), resume=True)
     assert resumed.step == 2
     resumed.fit()
+    resumed.close()
     for other in (again, resumed):
         for (name, p), q in zip(full.model.named_parameters(), other.model.parameters(), strict=True):
             assert torch.equal(p, q), name

@@ -275,6 +275,7 @@ def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_mo
 
         tr.run_programs = recording
         tr.fit()
+        tr.close()
         runs.append((tr, recorded))
     (local, rec_l), (remote, rec_r) = runs
     assert [k for k, _ in rec_l] == [k for k, _ in rec_r] and len(rec_l) >= 2  # phase 1 and stages
@@ -284,7 +285,6 @@ def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_mo
         torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
     # Siblings continue their trunk's boundary context: the router found it on the replica it chose.
     assert remote.engine.router.hit_rate() > 0.5
-    remote.close()
 
 
 def test_async_rollouts_on_ray_replicas(ray_session, tiny_model_dir, tmp_path):
@@ -297,7 +297,8 @@ def test_async_rollouts_on_ray_replicas(ray_session, tiny_model_dir, tmp_path):
         "train.steps=2",
     )
     tr = GroupTrainer(cfg)
-    records = tr.fit()  # closes both engines
+    records = tr.fit()
+    tr.close()  # both engines: the collector's and the trainer's
     assert [r["async/staleness_max"] for r in records] == [0.0, 1.0]
     assert tr.async_rollouts.engine.closed and tr.engine.closed
 
@@ -321,27 +322,33 @@ def test_engine_errors_surface_and_release_ray(ray_session, tiny_model_dir, tmp_
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="the vLLM-replica variant runs in the vllm-cpu target"
 )
-def test_two_vllm_replicas_match_one_local_vllm_engine(ray_session, tiny_model_dir, tmp_path):
+def test_two_vllm_replicas_match_one_local_vllm_engine(ray_session, tmp_path):
     pytest.importorskip("horizonrl.inference.vllm_engine")
+    from horizonrl.config import ModelConfig
+    from horizonrl.train.bootstrap import build_tiny
+
+    model_dir = tmp_path / "vtiny"  # vLLM's CPU kernels want a head size of at least 32
+    build_tiny(ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), model_dir)
     common = ("inference.engine=vllm", "train.steps=1")
-    local = _cfg(tiny_model_dir, tmp_path / "vl", "distributed.seeding=request", *common)
+    local = _cfg(model_dir, tmp_path / "vl", "distributed.seeding=request", *common)
     remote = _cfg(
-        tiny_model_dir,
+        model_dir,
         tmp_path / "vr",
         "distributed.backend=ray",
         "distributed.num_engine_replicas=2",
-        "distributed.engine_cpus=0",
+        "distributed.engine_cpus=0",  # vLLM runs its own processes
         *common,
     )
     a = _run(local, steps=1)
+    a[0].close()  # one vLLM engine at a time on this machine
+    b = _run(remote, steps=1)
     try:
-        b = _run(remote, steps=1)
-        try:
-            turns_a, turns_b = _turns(a[1][0]), _turns(b[1][0])
-            assert [t.response_ids for t in turns_a] == [t.response_ids for t in turns_b]
-            for x, y in zip(turns_a, turns_b, strict=True):
-                np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
-        finally:
-            b[0].close()
+        assert {g.meta["replica"] for g in b[0].engine.generate([[5, 6, 7, 8]] * 4, a[0].params)} == {0, 1}
+        turns_a, turns_b = _turns(a[1][0]), _turns(b[1][0])
+        assert [t.response_ids for t in turns_a] == [t.response_ids for t in turns_b]
+        for x, y in zip(turns_a, turns_b, strict=True):
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+        for p, q in zip(a[0].model.parameters(), b[0].model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, atol=1e-4, rtol=0)
     finally:
-        a[0].close()
+        b[0].close()

@@ -74,6 +74,8 @@ class EngineReplica:
         config, dtype = blob["config"], blob["dtype"]
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.load_state_dict(blob["state_dict"])
+        if blob.get("generation_config") is not None:  # its eos ids end generations as in the trainer
+            model.generation_config = blob["generation_config"]
         model.eval().requires_grad_(False)
         self.engine = make_engine(
             name,
@@ -272,7 +274,14 @@ def make_ray_engine(
         _check_resources(ray, settings)
         actor = ray.remote(num_cpus=settings.engine_cpus, num_gpus=settings.engine_gpus)(EngineReplica)
         dtype = next(model.parameters()).dtype
-        blob = ray.put({"config": model.config, "dtype": dtype, "state_dict": cpu_state_dict(model)})
+        blob = ray.put(
+            {
+                "config": model.config,
+                "generation_config": getattr(model, "generation_config", None),
+                "dtype": dtype,
+                "state_dict": cpu_state_dict(model),
+            }
+        )
         device = "cuda" if settings.engine_gpus > 0 else "cpu"
         threads = max(1, int(settings.engine_cpus))
         replicas = [
