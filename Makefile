@@ -32,7 +32,7 @@ test: $(STAMP)
 
 # Ray workers (a private 2-CPU Ray on 127.0.0.1), torchrun (2 gloo processes) and async rollouts.
 test-distributed: $(STAMP)
-	$(PIP) install --quiet 'ray>=2.60'
+	$(PIP) install --quiet -c $(LOCK) ray
 	GLOO_SOCKET_IFNAME=lo $(PY) -m pytest -q -m distributed
 
 test-slow: $(STAMP)
@@ -53,7 +53,8 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.installed
 VLOCK  := requirements/lock-vllm.txt
 # The venv lacks the envs extras, so only these modules are collected.
-VLLM_TESTS := $(wildcard tests/test_vllm*.py) $(wildcard tests/test_ray*.py) $(wildcard tests/test_distributed*.py) tests/test_gpu_smoke.py
+VLLM_TESTS := $(wildcard tests/test_vllm*.py) $(wildcard tests/test_ray*.py) $(wildcard tests/test_distributed*.py) \
+	tests/test_async_rollout.py tests/test_gpu_smoke.py
 
 $(VSTAMP): pyproject.toml Makefile $(VLOCK)
 	$(PYTHON) -m venv $(VVENV)
