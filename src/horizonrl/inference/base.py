@@ -61,7 +61,12 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one continuation per prompt."""
+        """Sample one continuation per prompt.
+
+        An engine that can serve as a Ray replica or a torchrun rank also takes ``seeds=`` (one int
+        per prompt) and then draws each prompt's tokens from its own seed only, so the sample does not
+        depend on the batch it is in (:mod:`horizonrl.inference.seeding`).
+        """
 
     @abstractmethod
     def score(

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.seeding import request_uniforms
 from horizonrl.inference.stops import StopWatcher, as_id_set
 
 __all__ = ["HFEngine"]
@@ -56,13 +57,18 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device):
     return ids.to(device), mask.to(device), pos.to(device)
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator, block: int = 1024) -> torch.Tensor:
+def _draw(
+    weights: torch.Tensor,
+    generator: torch.Generator | None,
+    block: int = 1024,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One index per row with probability proportional to ``weights`` (non-negative, positive row sums).
 
     Two-level inverse-CDF sampling: pick a block of ``block`` columns from the block sums, then a
-    column inside it. Needs one uniform per row and one pass over the weights, which on CPU is
-    ~30x faster than ``torch.multinomial``; the cumulative sums are in float64 so rare tokens keep
-    their probability.
+    column inside it. Needs one uniform per row (``uniforms`` ``[rows, 1]`` in ``[0, 1)``, else
+    drawn from ``generator``) and one pass over the weights, which on CPU is ~30x faster than
+    ``torch.multinomial``; the cumulative sums are in float64 so rare tokens keep their probability.
     """
     rows, vocab = weights.shape
     dtype = torch.float32 if weights.device.type == "mps" else torch.float64
@@ -71,7 +77,9 @@ def _draw(weights: torch.Tensor, generator: torch.Generator, block: int = 1024) 
     if full < vocab:
         sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], dim=-1)
     cdf = sums.to(dtype).cumsum(-1)
-    u = torch.rand((rows, 1), generator=generator, dtype=dtype, device=weights.device) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand((rows, 1), generator=generator, dtype=dtype, device=weights.device)
+    u = uniforms.to(dtype) * cdf[:, -1:]
     # side="right" never lands on a zero-weight entry; the clamp guards rounding at the very end.
     blk = torch.searchsorted(cdf, u, right=True)
     blk = torch.minimum(blk, (cdf < cdf[:, -1:]).sum(-1, keepdim=True))
@@ -162,9 +170,13 @@ class HFEngine(Engine):
         except TypeError:  # older transformers
             return DynamicCache()
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams):
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None = None):
         """Draw one token per row; return ``(tokens, logprobs, top)`` under the temperature-scaled
-        distribution; ``top`` is ``(logprobs, ids)`` of the ``params.top_logprobs`` best tokens, or None."""
+        distribution; ``top`` is ``(logprobs, ids)`` of the ``params.top_logprobs`` best tokens, or None.
+
+        ``uniforms`` (``[rows, 1]``) are the rows' draws under request seeding; None draws from the
+        engine's generator.
+        """
         x = logits.float()
         if params.greedy:
             tokens = x.argmax(dim=-1)
@@ -178,9 +190,9 @@ class HFEngine(Engine):
             weights = (x - peak).exp_()  # unnormalised probabilities, max 1
             total = weights.sum(dim=-1, keepdim=True)
             if params.top_p < 1:
-                tokens = self._draw_nucleus(weights, total, params.top_p)
+                tokens = self._draw_nucleus(weights, total, params.top_p, uniforms)
             else:
-                tokens = _draw(weights, self._generator)
+                tokens = _draw(weights, self._generator, uniforms=uniforms)
             lp = (x.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
             lse = peak + total.log() if params.top_logprobs else None
         top = None
@@ -189,19 +201,24 @@ class HFEngine(Engine):
             top = (best.values - lse, best.indices)
         return tokens, lp, top
 
-    def _draw_nucleus(self, weights: torch.Tensor, total: torch.Tensor, top_p: float) -> torch.Tensor:
+    def _draw_nucleus(
+        self, weights: torch.Tensor, total: torch.Tensor, top_p: float, uniforms: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Sample within the nucleus: tokens whose higher-ranked mass is < top_p (the first always)."""
 
-        def pick(vals, idx, budget):  # vals sorted descending, idx their token ids
+        def pick(vals, idx, budget, u):  # vals sorted descending, idx their token ids
             before = vals.double().cumsum(-1) - vals
-            choice = _draw(vals.masked_fill(before >= budget, 0.0), self._generator)
+            choice = _draw(vals.masked_fill(before >= budget, 0.0), self._generator, uniforms=u)
             return idx.gather(-1, choice[:, None]).squeeze(-1), before[:, -1] + vals[:, -1] >= budget[:, 0]
 
         # A partial top-k is much cheaper than a sort; only rows whose nucleus is wider get sorted.
         budget = top_p * total.double()
-        tokens, covered = pick(*weights.topk(min(weights.shape[-1], 256), dim=-1), budget)
+        tokens, covered = pick(*weights.topk(min(weights.shape[-1], 256), dim=-1), budget, uniforms)
         if not bool(covered.all()):
-            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered])[0]
+            rest = None if uniforms is None else uniforms[~covered]
+            tokens[~covered] = pick(*weights[~covered].sort(dim=-1, descending=True), budget[~covered], rest)[
+                0
+            ]
         return tokens
 
     def generate(
@@ -210,6 +227,7 @@ class HFEngine(Engine):
         params: SamplingParams,
         *,
         interrupt: Callable[[int, list[int]], bool] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prompt (log-probs as in the module docstring).
 
@@ -223,8 +241,14 @@ class HFEngine(Engine):
         indices into ``prompts`` of its rows still generating); when it returns True the chunk stops
         there and its unfinished rows end with ``finish_reason="length"`` and ``meta["interrupted"] =
         True`` (a scheduler continues them later from ``prompt + ids``).
+
+        With ``seeds`` (one int per prompt) token ``t`` of prompt ``i`` is drawn with
+        ``request_uniforms(seeds[i], t)`` instead of the engine generator, so the result does not
+        depend on the batch (:mod:`horizonrl.inference.seeding`).
         """
         prompts = [list(p) for p in prompts]
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"HFEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
         if any(not p for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
@@ -240,7 +264,8 @@ class HFEngine(Engine):
                     stop_early = functools.partial(
                         lambda c, steps, local: interrupt(steps, [c[i] for i in local]), chunk
                     )
-                gens = self._generate_chunk([prompts[i] for i in chunk], params, stop_early)
+                chunk_seeds = None if seeds is None else [int(seeds[i]) for i in chunk]
+                gens = self._generate_chunk([prompts[i] for i in chunk], params, stop_early, chunk_seeds)
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
 
@@ -249,8 +274,11 @@ class HFEngine(Engine):
         prompts: list[list[int]],
         params: SamplingParams,
         interrupt: Callable[[int, list[int]], bool] | None = None,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         n = len(prompts)
+        seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
+        udtype = torch.float32 if self.device.type == "mps" else torch.float64
         ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
         cache = self._new_cache()
         logits = self._forward(ids, mask, pos, cache, keep=1)[:, -1]
@@ -266,7 +294,11 @@ class HFEngine(Engine):
         tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logprobs, ids) of the best tokens per step
         ones = torch.ones((n, 1), dtype=mask.dtype, device=self.device)
         for step in range(params.max_new_tokens):
-            tokens, logprobs, top = self._sample(logits, params)
+            u = None
+            if seed_arr is not None and not params.greedy:
+                u = torch.from_numpy(request_uniforms(seed_arr[rows], step)[:, None])
+                u = u.to(device=self.device, dtype=udtype)
+            tokens, logprobs, top = self._sample(logits, params, u)
             steps.append((rows, logprobs))
             if top is not None:
                 tops.append(top)

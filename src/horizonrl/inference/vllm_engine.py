@@ -370,8 +370,14 @@ class VLLMEngine(Engine):
             raise RuntimeError("VLLMEngine: the engine was closed")
         return self._llm
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one continuation per prompt (see the module docstring for what differs from HFEngine)."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Sample one continuation per prompt (see the module docstring for what differs from HFEngine).
+
+        ``seeds`` (one per prompt) replace the engine RNG's draws: a replica of a Ray engine or a
+        torchrun rank samples with the seeds of the call it serves a share of
+        (:mod:`horizonrl.inference.seeding`)."""
         from vllm import SamplingParams as VSP
 
         prompts = [[int(t) for t in p] for p in prompts]
@@ -395,7 +401,12 @@ class VLLMEngine(Engine):
                 "recomputes full-vocabulary ones: use algo.old_logprobs=recompute",
                 params.top_p,
             )
-        seeds = [None] * len(prompts) if params.greedy else self._seeds(len(prompts))
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        if params.greedy:
+            seeds = [None] * len(prompts)
+        elif seeds is None:
+            seeds = self._seeds(len(prompts))
         stop_ids = sorted(self.eos_ids)
         sps = [
             VSP(

@@ -70,9 +70,10 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def check_finite(model: torch.nn.Module) -> None:
-    """NonFiniteError naming the first parameter that holds a NaN or infinity."""
-    params = list(model.named_parameters())
+def check_finite(model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """NonFiniteError naming the first parameter that holds a NaN or infinity (of ``state_dict`` if given:
+    the gathered weights of a sharded model, whose own parameters only hold a shard)."""
+    params = list(state_dict.items()) if state_dict is not None else list(model.named_parameters())
     if not params:
         return
     ok = torch.stack([torch.isfinite(p.detach()).all() for _, p in params])
@@ -100,22 +101,32 @@ def save_checkpoint(
     tokenizer,
     state: dict[str, Any],
     keep: int = 2,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    staged: bool = False,
 ) -> Path:
     """Write ``root/step_{step}`` atomically, point ``root/latest`` at it, prune old ones.
+
+    ``state_dict``: the weights to export (default: the model's own; a sharded model passes its
+    gathered full weights). ``staged``: the temporary directory already holds files written by
+    other ranks (``torch.distributed.checkpoint`` shards) and is kept.
 
     A model with non-finite parameters is refused (NonFiniteError) before anything is written;
     a failed write (e.g. a full disk) leaves no temporary directory and raises CheckpointError.
     """
-    check_finite(model)
+    check_finite(model, state_dict)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = root / f".step_{step}.tmp"
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
+        if not staged:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        if state_dict is None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save({"step": step, **state}, tmp / STATE_FILE)

@@ -33,7 +33,7 @@ from horizonrl.agents.psi import flat_view
 from horizonrl.agents.registry import AgentSpec
 from horizonrl.config import RunConfig, save_config
 from horizonrl.errors import HorizonWarning
-from horizonrl.inference import SamplingParams, make_engine
+from horizonrl.inference import SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train import hidden, info_gain  # noqa: F401  (register the feature providers)
@@ -42,12 +42,14 @@ from horizonrl.train.bootstrap import load_policy, resolve_device
 from horizonrl.train.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
+from horizonrl.train.distributed import DCP_MARK, NullLogger, init_world
 from horizonrl.train.env_setup import env_setup
 from horizonrl.train.features import compute_features
 from horizonrl.train.metrics import MetricsLogger
 from horizonrl.train.rollout_log import credit_records, write_rollout_log
 from horizonrl.train.trainers import register_trainer
 from horizonrl.train.update import UpdateSettings, ppo_update
+from horizonrl.train.workers import close_quietly, make_env_pool, make_rollout_engine
 from horizonrl.trajectory import Group, build_rows
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
@@ -83,6 +85,11 @@ class GroupTrainer(Trainer):
         ckpt.clean_stale(self.ckpt_dir)
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
+        #: The torchrun group (None in one process): see train/distributed.py.
+        self.world = init_world(cfg.distributed, self.device)
+        self.is_main = self.world is None or self.world.is_main
+        if self.world is not None:
+            self.device = self.world.device
 
         self.estimator = credit.get_estimator(cfg.algo.estimator)
         self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
@@ -97,12 +104,15 @@ class GroupTrainer(Trainer):
         self.renderer = ChatRenderer(self.tokenizer)
         self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
         self.evals_done: list[float] = []
+        self.env_pool = make_env_pool(cfg, self.env_setup)  # None: environments in this process
         self.engine = self.make_engine(shared=self.shares_engine())
         #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
         self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
         if cfg.algo.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        #: What the update runs through: the model, DDP around it, or the model sharded in place (FSDP2).
+        self.train_model = self.world.wrap(self.model) if self.world is not None else self.model
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
@@ -147,13 +157,23 @@ class GroupTrainer(Trainer):
             tis_level=cfg.algo.tis_level,
             tis_mode=cfg.algo.tis_mode,
         )
+        #: Background collection of future batches (train.max_staleness > 0), else None.
+        self.async_rollouts = None
+        if cfg.train.max_staleness > 0:
+            from horizonrl.train.async_rollout import AsyncRollouts, check_async
+
+            check_async(cfg, self.world)
+            self.async_rollouts = AsyncRollouts(self)
         resume_step = None
         if resume:
             self._restore(ckpt.load_latest(self.ckpt_dir))
             self.engine.sync()  # an engine with its own weights (vllm) loads the restored ones
             resume_step = self.step
-        save_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
+        if self.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+            self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
+        else:
+            self.logger = NullLogger()
 
     # ------------------------------------------------------------------ state
 
@@ -168,9 +188,25 @@ class GroupTrainer(Trainer):
             "budget": self.budget.state(),
             "evals_done": list(self.evals_done),
             "threads": torch.get_num_threads(),
+            **({"async": self.async_rollouts.state()} if self.async_rollouts is not None else {}),
         }
 
     def save(self) -> Path:
+        if self.world is not None:
+            from horizonrl.train import distributed
+
+            state = self._state()
+            state["optimizer"] = DCP_MARK  # sharded: in the DCP files with the model
+            return distributed.save_checkpoint(
+                self.world,
+                self.ckpt_dir,
+                self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                tokenizer=self.tokenizer,
+                state=state,
+                keep=self.cfg.train.keep_checkpoints,
+            )
         return ckpt.save_checkpoint(
             self.ckpt_dir,
             self.step,
@@ -182,9 +218,14 @@ class GroupTrainer(Trainer):
 
     def _restore(self, ck: ckpt.Checkpoint) -> None:
         """Restore a checkpoint read whole by :func:`~horizonrl.train.checkpoint.load_latest`."""
-        ckpt.load_weights_into(self.model, ck.weights)
         st = ck.state
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.world is not None or st["optimizer"] == DCP_MARK:  # torch distributed checkpointing
+            from horizonrl.train.distributed import load_checkpoint
+
+            load_checkpoint(ck.path, self.model, self.optimizer)
+        else:
+            ckpt.load_weights_into(self.model, ck.weights)
+            self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.task_rng.setstate(st["task_rng"])
         self.shuffle_gen.set_state(st["shuffle_gen"])
@@ -202,6 +243,8 @@ class GroupTrainer(Trainer):
                 HorizonWarning,
                 stacklevel=3,
             )
+        if self.async_rollouts is not None and "async" in st:
+            self.async_rollouts.load(st["async"])
 
     # ------------------------------------------------------------------ loop
 
@@ -210,24 +253,26 @@ class GroupTrainer(Trainer):
         return True
 
     def make_engine(self, *, shared: bool):
-        """The configured rollout engine over the training model (``inference.engine``)."""
-        return make_engine(
-            self.cfg.inference.engine,
-            self.model,
-            self.tokenizer,
-            device=self.device,
-            max_batch_size=self.cfg.rollout.max_batch_size,
-            seed=self.cfg.train.seed,
-            shared=shared,
-            params=dict(self.cfg.inference.params),
+        """The configured rollout engine over the training model (``inference.engine``, ``distributed``)."""
+        return make_rollout_engine(
+            self.cfg, self.model, self.tokenizer, device=self.device, shared=shared, world=self.world
         )
 
-    def close(self) -> None:
-        """Stop the engine's processes (vllm); the trainer cannot generate afterwards."""
-        self.engine.close()
-
     def make_env(self):
+        if self.env_pool is not None:
+            return self.env_pool.make()
         return self.env_setup.make()
+
+    def close(self) -> None:
+        """Stop the engine's processes (vllm, Ray replicas), the environment workers, the background
+        collector and the torchrun group; the trainer cannot generate afterwards (idempotent)."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
+        close_quietly(self.engine)
+        if self.env_pool is not None:
+            self.env_pool.close()
+        if self.world is not None:
+            self.world.close()
 
     def agent_spec(self, params: SamplingParams) -> AgentSpec:
         r = self.cfg.rollout
@@ -270,6 +315,8 @@ class GroupTrainer(Trainer):
             )
         finally:
             self.engine.set_rng_state(saved)
+        if not self.is_main:
+            return out
         (self.run_dir / "eval").mkdir(exist_ok=True)
         record = {
             "step": self.step,
@@ -318,8 +365,15 @@ class GroupTrainer(Trainer):
         cfg = self.cfg
         t0 = time.perf_counter()
         spent = self.budget.spent
-        tasks = self.task_rng.sample(self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks)))
-        groups = self.collect(tasks)
+        settings, stale = self.update_settings, {}
+        if self.async_rollouts is not None:  # sampled in the background by the weights of step - k
+            groups, stale = self.async_rollouts.take(self.step)
+            settings = self.async_rollouts.update_settings(settings, stale)
+        else:
+            tasks = self.task_rng.sample(
+                self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks))
+            )
+            groups = self.collect(tasks)
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
         self.budget.rollouts += len(rollouts)
@@ -337,17 +391,20 @@ class GroupTrainer(Trainer):
         t2 = time.perf_counter()
         self.engine.sleep()  # colocated engines free their accelerator memory (inference.params.sleep_level)
         metrics = ppo_update(
-            self.model,
+            self.train_model,
             self.optimizer,
             self.scheduler,
             rows,
-            self.update_settings,
+            settings,
             generator=self.shuffle_gen,
             device=self.device,
             pad_id=self.tokenizer.pad_token_id or 0,
             ref_model=self.ref_model,
+            world=self.world,
         )
         self.engine.sync()  # the engine samples from the updated weights (in place for vllm)
+        if self.async_rollouts is not None:
+            self.async_rollouts.publish(self.step + 1, self.model)
         t3 = time.perf_counter()
         self.step += 1
         gen_tokens = sum(r.num_response_tokens for r in rollouts)
@@ -356,6 +413,7 @@ class GroupTrainer(Trainer):
         metrics.update(self.extra_metrics)
         metrics.update(feature_times)
         metrics.update(self.budget.metrics())
+        metrics.update(stale)
         metrics.update(
             {
                 "train/zero_adv_token_rate": float(np.mean(flat_adv == 0.0)) if flat_adv.size else 0.0,
@@ -367,7 +425,7 @@ class GroupTrainer(Trainer):
                 "throughput/tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
             }
         )
-        if cfg.train.save_rollouts:
+        if cfg.train.save_rollouts and self.is_main:
             notes = None
             if cfg.train.save_credit:
                 notes = credit_records(rollouts, advantages, rows, side, estimator=cfg.algo.estimator)

@@ -199,7 +199,7 @@ class ReverseTurnTrainer(GroupTrainer):
         return episode_program(ep, self.manager(boundaries, task_index=i), self.params), env
 
     def save_phase1(self, name: str, rollouts: list[Rollout]) -> None:
-        if self.cfg.train.save_rollouts:
+        if self.cfg.train.save_rollouts and self.is_main:
             (self.run_dir / "rollouts").mkdir(exist_ok=True)
             write_jsonl(self.run_dir / "rollouts" / f"{name}_{self.iteration}.jsonl", rollouts)
 
@@ -267,7 +267,7 @@ class ReverseTurnTrainer(GroupTrainer):
         before = consistency_metrics(rows, self.scored(rows))
         self.engine.sleep()
         m = ppo_update(
-            self.model,
+            self.train_model,
             self.optimizer,
             None,
             rows,
@@ -276,6 +276,7 @@ class ReverseTurnTrainer(GroupTrainer):
             device=self.device,
             pad_id=self.tokenizer.pad_token_id or 0,
             ref_model=self.ref_model,
+            world=self.world,
         )
         self._versions[0] += 1
         return m | before
@@ -386,7 +387,7 @@ class ReverseTurnTrainer(GroupTrainer):
                 "throughput/tokens_per_s": (self.budget.spent - before[1]) / max(t2 - t1, 1e-9),
             }
         )
-        if self.cfg.train.save_rollouts and batch["rollouts"]:
+        if self.cfg.train.save_rollouts and batch["rollouts"] and self.is_main:
             t, notes = self.cfg.train, None
             if t.save_credit:
                 notes = reverse_stage_records(batch, k, estimator=t.trainer, iteration=sweep.iteration)

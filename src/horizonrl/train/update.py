@@ -33,6 +33,7 @@ truncated or dropped) and ``train/tis_ratio_mean`` / ``train/tis_ratio_max``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -92,22 +93,52 @@ def rollout_mini_batches(rows: Sequence[Row], n: int, generator: torch.Generator
     return [[i for j in perm[m::n] for i in by_rollout[keys[j]]] for m in range(n)]
 
 
+def rank_chunks(lengths: Sequence[int], budget: int, world) -> list[list[int] | None]:
+    """Micro-batches (positions into ``lengths``, sorted by length) of this rank.
+
+    Without ``world``: all of them. With one: the rank's positions (round-robin), split by
+    ``budget`` and padded with ``None`` (a zero-weighted micro-batch) to the largest count of
+    any rank, so every rank runs the same forwards and backwards (FSDP / DDP collectives).
+    """
+    if world is None:
+        return list(micro_batches(lengths, budget))
+    mine = world.my_positions(len(lengths))
+    chunks: list[list[int] | None] = [
+        [mine[c] for c in chunk] for chunk in micro_batches([lengths[p] for p in mine], budget)
+    ]
+    n = int(world.max([len(chunks)])[0])
+    return chunks + [None] * (n - len(chunks))
+
+
 @torch.no_grad()
-def score_rows(model: torch.nn.Module, rows: Sequence[Row], *, device, pad_id: int, micro_batch_tokens: int):
-    """Training-model log-probs of every row's target positions (``[T-1]`` per row, no grad)."""
+def score_rows(
+    model: torch.nn.Module, rows: Sequence[Row], *, device, pad_id: int, micro_batch_tokens: int, world=None
+):
+    """Training-model log-probs of every row's target positions (``[T-1]`` per row, no grad).
+
+    With ``world`` each rank scores its share of the rows and the results are all-gathered.
+    """
     out: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     training = model.training
     model.eval()
+    mine = []
     try:
-        for chunk in micro_batches([len(rows[i]) for i in order], micro_batch_tokens):
-            idx = [order[c] for c in chunk]
+        for chunk in rank_chunks([len(rows[i]) for i in order], micro_batch_tokens, world):
+            idx = [order[c] for c in chunk or [0]]
             batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
             lp = token_logprobs(model, batch).cpu()
+            if chunk is None:  # an idle rank's forward, for the collectives only
+                continue
             for b, i in enumerate(idx):
                 out[i] = lp[b, : len(rows[i]) - 1]
+                mine.append(i)
     finally:
         model.train(training)
+    if world is not None:
+        for part in world.all_gather_object([(i, out[i]) for i in mine]):
+            for i, lp in part:
+                out[i] = lp
     return out
 
 
@@ -150,8 +181,15 @@ def ppo_update(
     device: torch.device,
     pad_id: int = 0,
     ref_model: torch.nn.Module | None = None,
+    world=None,
 ) -> dict[str, float]:
-    """Run ``ppo_epochs`` over ``rows``; return averaged training metrics."""
+    """Run ``ppo_epochs`` over ``rows``; return averaged training metrics.
+
+    ``world`` (:class:`horizonrl.train.distributed.World`, with ``model`` wrapped by
+    ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
+    the mini-batch's global coefficients (:func:`rank_chunks`); gradients and metrics are summed
+    across ranks, so the step equals the single-process one up to floating-point summation order.
+    """
     if not rows:
         return {}
     model.train()
@@ -168,7 +206,7 @@ def ppo_update(
     scored = None
     if s.old_logprobs == "recompute":
         scored = score_rows(
-            model, rows, device=device, pad_id=pad_id, micro_batch_tokens=s.micro_batch_tokens
+            model, rows, device=device, pad_id=pad_id, micro_batch_tokens=s.micro_batch_tokens, world=world
         )
         before = consistency_metrics(rows, scored)
     for epoch in range(s.ppo_epochs):
@@ -195,48 +233,53 @@ def ppo_update(
             )
             log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
             totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
-            for chunk in micro_batches([len(rows[i]) for i in idx], s.micro_batch_tokens):
-                c = torch.tensor(chunk, device=device)
+            chunks = rank_chunks([len(rows[i]) for i in idx], s.micro_batch_tokens, world)
+            for k, chunk in enumerate(chunks):
+                c = torch.tensor(chunk or [0], device=device)
                 sub = mb.slice(c)
-                logp = token_logprobs(model, sub)
-                pl, stats = policy_loss(
-                    logp,
-                    sub.old_logprobs,
-                    sub.advantages,
-                    clip_low=s.clip_low,
-                    clip_high=s.clip_high,
-                    dual_clip=s.dual_clip,
-                    turn_ids=sub.turn_ids if s.turn_level_is else None,
-                    logprob_clip=s.logprob_clip,
-                    clip=s.policy_loss == "ppo",
-                )
-                if tis is not None:
-                    pl = pl * tis[c]
-                cf = coef[c]
-                loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
-                totals["pg_loss"] += loss.item()
-                totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
-                if ref_model is not None and s.kl_coef > 0:
-                    with torch.no_grad():
-                        ref_lp = token_logprobs(ref_model, sub)
-                    kl = aggregate(
-                        kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf
+                cf = coef[c] if chunk is not None else torch.zeros_like(coef[c])
+                sync = world.grad_sync(model, k == len(chunks) - 1) if world else contextlib.nullcontext()
+                with sync:
+                    logp = token_logprobs(model, sub)
+                    pl, stats = policy_loss(
+                        logp,
+                        sub.old_logprobs,
+                        sub.advantages,
+                        clip_low=s.clip_low,
+                        clip_high=s.clip_high,
+                        dual_clip=s.dual_clip,
+                        turn_ids=sub.turn_ids if s.turn_level_is else None,
+                        logprob_clip=s.logprob_clip,
+                        clip=s.policy_loss == "ppo",
                     )
-                    totals["kl"] += kl.item()
-                    loss = loss + s.kl_coef * kl
-                totals["loss"] += loss.item()
-                loss.backward()
-                if epoch == 0 and m == 0 and not before:
+                    if tis is not None:
+                        pl = pl * tis[c]
+                    loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
+                    totals["pg_loss"] += loss.item()
+                    totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
+                    if ref_model is not None and s.kl_coef > 0:
+                        with torch.no_grad():
+                            ref_lp = token_logprobs(ref_model, sub)
+                        kl = aggregate(
+                            kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf
+                        )
+                        totals["kl"] += kl.item()
+                        loss = loss + s.kl_coef * kl
+                    totals["loss"] += loss.item()
+                    # DDP / FSDP average gradients over ranks; the scaled partial losses sum to the loss.
+                    (loss if world is None else loss * world.size).backward()
+                if epoch == 0 and m == 0 and not before and chunk is not None:
                     d = (logp.detach() - sub.old_logprobs) * sub.mask
                     log_ratio_sum += float(d.sum())
                     n_tok += float(sub.mask.sum())
                     max_abs_log = max(max_abs_log, float(d.abs().max()))
-            if s.grad_clip > 0:
-                gn = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-            else:
-                gn = torch.linalg.vector_norm(
-                    torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
-                )
+            if world is not None:
+                keys = list(totals)
+                summed = world.sum([totals[k] for k in keys] + [log_ratio_sum, n_tok])
+                totals = dict(zip(keys, summed[: len(keys)], strict=True))
+                log_ratio_sum, n_tok = summed[len(keys) :]
+                max_abs_log = world.max([max_abs_log])[0]
+            gn = _grad_norm(model, s.grad_clip, world)
             if not (math.isfinite(totals["loss"]) and math.isfinite(float(gn))):
                 optimizer.zero_grad(set_to_none=True)
                 what = "loss" if not math.isfinite(totals["loss"]) else "gradient norm"
@@ -251,7 +294,7 @@ def ppo_update(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             try:
-                check_finite(model)
+                _check_finite(model, world)
             except NonFiniteError as e:
                 raise NonFiniteError(
                     f"{e} after the optimizer step (epoch {epoch}, mini-batch {m}); lower optim.lr"
@@ -274,3 +317,30 @@ def ppo_update(
     if s.nonfinite == "skip":
         out["train/skipped_batches"] = float(skipped)
     return out
+
+
+def _grad_norm(model: torch.nn.Module, grad_clip: float, world) -> torch.Tensor:
+    """Global gradient norm, clipped to ``grad_clip`` when > 0 (sharded gradients: the full norm)."""
+    if world is not None:
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+        return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+    if grad_clip > 0:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    return torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
+    )
+
+
+def _check_finite(model: torch.nn.Module, world) -> None:
+    """``check_finite`` of the weights; sharded: every rank checks its shards and all ranks agree."""
+    if world is None:
+        check_finite(model)
+        return
+    bad = ""
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if not bool(torch.isfinite(local.detach()).all()):
+            bad = name
+            break
+    if world.max([1.0 if bad else 0.0])[0] > 0:
+        raise NonFiniteError(f"parameter {bad or '(on another rank)'} holds NaN or infinite values")

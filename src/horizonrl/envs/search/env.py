@@ -138,6 +138,7 @@ class SearchEnv(ToolEnv):
         "max_hops": None,
         "max_steps": 30,
     }
+    external_state: ClassVar[bool] = True  # the retrieval index (loaded once per worker)
     system_prompt: ClassVar[str] = (
         "Answer the question by searching a document collection. Search with "
         f"{SEARCH.example_call()}, read a document with "

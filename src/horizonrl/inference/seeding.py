@@ -1,0 +1,109 @@
+"""Per-request seeds: samples that do not depend on which engine, replica or batch serves a request.
+
+With one generator per engine (the ``batch`` default of a local run) the
+uniforms a prompt's tokens are drawn with depend on its row in the batch and on
+every other prompt of the call, so splitting a call across replicas (Ray) or
+ranks (torchrun) would change the samples. With *request seeding*:
+
+- the engine's RNG (a ``torch.Generator``, checkpointed like the local one)
+  draws one seed in ``[0, 2**62)`` (vLLM's range) per prompt of each ``generate`` call, in prompt order
+  (:class:`RequestSeeds`);
+- the uniform that draws token ``t`` of a request with seed ``s`` is a pure
+  function of ``(s, t)`` (:func:`request_uniforms`: SplitMix64 of
+  ``s + (t + 1) * 0x9E3779B97F4A7C15``, top 53 bits), so it is the same on any
+  replica, in any batch, in any order.
+
+Given the same logits a request therefore gets the same tokens wherever it
+runs; only floating-point differences between batch shapes (~1e-7 in
+float32) remain, which change a token only when a uniform lands within that
+distance of a CDF boundary.
+
+:class:`SeededEngine` adds request seeding to one engine whose ``generate``
+takes ``seeds=`` (the HF engine does; so must any engine that is replicated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from horizonrl.inference.base import Engine, Generation, SamplingParams
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def request_uniforms(seeds: Sequence[int] | np.ndarray, step: int) -> np.ndarray:
+    """Uniforms in ``[0, 1)`` (float64) for token ``step`` of requests with ``seeds`` (SplitMix64)."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(seeds, dtype=np.int64).astype(np.uint64) + np.uint64(step + 1) * _GOLDEN
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+class RequestSeeds:
+    """The engine RNG of request seeding: draws one seed per request (state checkpointable)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator()
+        self.set_seed(seed)
+
+    def draw(self, n: int) -> list[int]:
+        if n == 0:
+            return []
+        return torch.randint(0, 2**62, (n,), generator=self.generator, dtype=torch.int64).tolist()
+
+    def set_seed(self, seed: int) -> None:
+        self.generator.manual_seed(int(seed))
+
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+class SeededEngine(Engine):
+    """One engine with request seeding: ``generate`` draws the seeds and passes them as ``seeds=``.
+
+    ``set_seed`` / ``rng_state`` / ``set_rng_state`` act on the seed RNG; other
+    attributes (``model``, ``eos_ids``, ...) are the wrapped engine's.
+    """
+
+    def __init__(self, engine: Engine, seed: int = 0) -> None:
+        self.inner = engine
+        self.seeds = RequestSeeds(seed)
+        self.supports_top_logprobs = engine.supports_top_logprobs
+        self.supports_ignore_eos = engine.supports_ignore_eos
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        return self.inner.generate(prompts, params, seeds=self.seeds.draw(len(prompts)))
+
+    def score(self, contexts, continuations) -> list[np.ndarray]:
+        return self.inner.score(contexts, continuations)
+
+    def sync(self, state_dict=None) -> None:
+        self.inner.sync(state_dict)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def set_seed(self, seed: int) -> None:
+        self.seeds.set_seed(seed)
+
+    def rng_state(self) -> torch.Tensor:
+        return self.seeds.rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.seeds.set_rng_state(state)

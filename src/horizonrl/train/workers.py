@@ -1,0 +1,82 @@
+"""Where a trainer's rollout engine and environments run (``distributed`` config; docs/scale.md).
+
+- ``backend: local``: the registered ``inference.engine`` in the trainer process
+  (request-seeded when ``distributed.seeding`` asks for it, and sharded across
+  ranks under torchrun: :class:`horizonrl.train.distributed.ShardedEngine`).
+- ``backend: ray``: ``num_engine_replicas`` replicas of ``inference.engine`` as Ray
+  actors behind one :class:`~horizonrl.inference.ray_engine.RayEngine`, and, with
+  ``num_env_workers > 0``, the environments chosen by ``env_actors`` in
+  environment-worker actors (:class:`~horizonrl.envs.remote.EnvPool`); the driver
+  then resumes agent programs in ``num_env_workers`` threads so their environment
+  steps overlap.
+"""
+
+from __future__ import annotations
+
+from horizonrl.envs import get_env
+from horizonrl.envs.remote import EnvPool, runs_remotely
+from horizonrl.inference import make_engine
+from horizonrl.inference.seeding import SeededEngine
+
+
+def remote_envs(cfg) -> bool:
+    """Whether the run's environments live in environment-worker actors."""
+    d = cfg.distributed
+    return d.backend == "ray" and d.num_env_workers > 0 and runs_remotely(get_env(cfg.env.name), d.env_actors)
+
+
+def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=None):
+    """The configured rollout engine over ``model`` (module docstring); ``world``: the torchrun group."""
+    d = cfg.distributed
+    world_size = world.size if world is not None else 1
+    if d.seeding == "batch" and world_size > 1:
+        raise ValueError("distributed.seeding='batch': ranks share generation only with 'request' seeding")
+    kw = dict(
+        max_batch_size=cfg.rollout.max_batch_size,
+        seed=cfg.train.seed,
+        shared=shared,
+        params=dict(cfg.inference.params),
+    )
+    if d.backend == "ray":
+        if world_size > 1:
+            raise ValueError(
+                "distributed.backend=ray runs the rollouts from one trainer process, not torchrun"
+            )
+        from horizonrl.inference.ray_engine import make_ray_engine
+
+        engine = make_ray_engine(cfg.inference.engine, model, tokenizer, settings=d, **kw)
+        engine.program_threads = d.num_env_workers if remote_envs(cfg) else 1
+        return engine
+    if world_size > 1:
+        from horizonrl.train.distributed import ShardedEngine, full_model_copy
+
+        follow = None
+        if world.strategy == "fsdp":  # sharded weights: the engine samples from a full copy
+            follow, model, kw["shared"] = (model if shared else None), full_model_copy(model, world), True
+        inner = make_engine(cfg.inference.engine, model, tokenizer, device=device, **kw)
+        return ShardedEngine(inner, world, seed=cfg.train.seed, follow=follow)
+    engine = make_engine(cfg.inference.engine, model, tokenizer, device=device, **kw)
+    if d.request_seeding(world_size):
+        engine = SeededEngine(engine, cfg.train.seed)
+    return engine
+
+
+def make_env_pool(cfg, setup) -> EnvPool | None:
+    """The environment-worker pool of the run (``setup``: its :class:`EnvSetup`), or None when
+    environments run in the trainer process."""
+    if not remote_envs(cfg):
+        return None
+    return EnvPool(
+        setup.cls,
+        setup.knobs,
+        workers=cfg.distributed.num_env_workers,
+        settings=cfg.distributed,
+        reward=setup.reward,
+    )
+
+
+def close_quietly(obj) -> None:
+    """``obj.close()`` if it has one (engines, pools; wrappers forward to what they wrap)."""
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()

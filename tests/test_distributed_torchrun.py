@@ -1,0 +1,136 @@
+"""Sharded update under torchrun (2 CPU processes, gloo, loopback): marker ``distributed``.
+
+Two processes give the same weights after each step as one (DDP and FSDP2), checkpoints are HF-loadable
+and resume exactly through torch.distributed.checkpoint — on 2 ranks, and resharded onto 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _common(model_dir) -> list[str]:
+    return [
+        f"model.path={model_dir}",
+        "env.name=arith_shaped",
+        "env.knobs={n_ops: 1, max_operand: 9}",
+        "env.train_tasks=40",
+        "env.test_tasks=2",
+        "rollout.group_size=4",
+        "rollout.tasks_per_step=2",
+        "rollout.max_new_tokens=16",
+        "rollout.max_turns=2",
+        "rollout.context_budget=512",
+        "optim.lr=1e-2",
+        "train.eval_samples=1",
+        "train.progress=false",
+        "train.eval_at_start=false",
+        "train.save_every=1",
+        "train.keep_checkpoints=4",
+        "algo.micro_batch_tokens=600",
+        "algo.mini_batches=2",
+        "algo.kl_coef=0.01",
+        "distributed.seeding=request",
+    ]
+
+
+def _launch(out: Path, nproc: int, *overrides: str, resume: bool = False) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    script = [str(HERE / "dist_run.py"), str(out), f"train.out_dir={out / 'run'}", *overrides]
+    if resume:
+        script.append("--resume")
+    if nproc == 1:
+        cmd = [sys.executable, *script]
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
+        cmd = [
+            *torchrun,
+            f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_port()}",
+            *script,
+        ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out / "weights.pt")
+
+
+def _metrics(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows]
+
+
+def _close(a: dict, b: dict, atol: float) -> float:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst <= atol, worst
+    return worst
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    return out, _launch(out, 1, *_common(tiny_model_dir), "train.steps=2")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_give_the_weights_of_one(single, tiny_model_dir, tmp_path, strategy):
+    from safetensors.torch import load_file
+
+    from horizonrl.models import load_model_and_tokenizer
+
+    one_dir, one = single
+    two = _launch(tmp_path, 2, *_common(tiny_model_dir), "train.steps=2", f"distributed.update={strategy}")
+    init = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    moved = max(float((one[k] - init[k]).abs().max()) for k in init)
+    assert moved > 1e-3, "the steps did not move the weights: the comparison would be vacuous"
+    _close(one, two, atol=1e-5)
+    m1, m2 = _metrics(one_dir), _metrics(tmp_path)
+    assert [r["step"] for r in m2] == [1, 2]
+    for a, b in zip(m1, m2, strict=True):
+        assert a["reward/mean"] == b["reward/mean"]  # the same rollouts (generation split over ranks)
+        for key in ("train/pg_loss", "train/kl", "train/ratio_geomean", "train/trainable_tokens"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+    # The checkpoint: DCP shards of both ranks plus HF weights that load into a plain model.
+    ckpt = tmp_path / "run" / "checkpoints" / "step_2"
+    assert (ckpt / "dcp" / ".metadata").exists() and len(list((ckpt / "dcp").glob("*.distcp"))) == 2
+    exported = load_model_and_tokenizer(ckpt)[0].state_dict()
+    for k, v in two.items():
+        assert torch.equal(exported[k], v), k
+
+
+def test_resume_through_distributed_checkpoints(tiny_model_dir, tmp_path):
+    common = [*_common(tiny_model_dir), "distributed.update=fsdp", "train.eval_every=2"]
+    full = _launch(tmp_path / "full", 2, *common, "train.steps=4")
+    _launch(tmp_path / "part", 2, *common, "train.steps=2")
+    resumed = _launch(tmp_path / "part", 2, *common, "train.steps=4", resume=True)
+    _close(full, resumed, atol=0.0)
+    assert _metrics(tmp_path / "full") == _metrics(tmp_path / "part")
+    # The same 2-rank checkpoint resumed by one process (DCP reshards the model and optimizer).
+    part = tmp_path / "part" / "run" / "checkpoints"
+    (part / "latest").write_text("step_2\n")
+    for step in (3, 4):
+        shutil.rmtree(part / f"step_{step}")
+    one = _launch(tmp_path / "part", 1, *common, "train.steps=4", resume=True)
+    _close(full, one, atol=1e-5)
