@@ -157,10 +157,16 @@ class RoomsEnv(ToolEnv):
     """ALFWorld-like text game (see module docstring).
 
     Knobs: ``n_rooms`` (1-8, default 2), ``n_objects`` (1-12, default 2),
-    ``max_steps`` (2-10000, default 10; tasks whose shortest plan is longer are not generated).
+    ``max_steps`` (2-10000, default 10; tasks whose shortest plan is longer are not generated),
+    ``hint`` (default false): the task also says where the object and the target container
+    are ("the apple is in the drawer of the office; the fridge is in the kitchen"). Without it
+    the scripted expert acts on hidden knowledge a policy cannot imitate (which room holds
+    the object), so a small model's warm start can only wander; with it the expert's
+    choices follow from what the policy sees, while the room text still hides the state of
+    containers elsewhere (identical observations, different progress).
     """
 
-    KNOBS: ClassVar[dict[str, Any]] = {"n_rooms": 2, "n_objects": 2, "max_steps": 10}
+    KNOBS: ClassVar[dict[str, Any]] = {"n_rooms": 2, "n_objects": 2, "max_steps": 10, "hint": False}
     system_prompt: ClassVar[str] = (
         f"Complete the task. Do one action from the Actions list per turn with {ACT.example_call()}."
     )
@@ -174,6 +180,8 @@ class RoomsEnv(ToolEnv):
         check_int(cls.name, "n_rooms", knobs["n_rooms"], 1, len(ROOMS))
         check_int(cls.name, "n_objects", knobs["n_objects"], 1, len(OBJECTS))
         check_int(cls.name, "max_steps", knobs["max_steps"], 2, 10_000)  # every plan takes >= 2 steps
+        if not isinstance(knobs["hint"], bool):
+            raise ValueError(f"{cls.name}: knob 'hint' must be true or false, got {knobs['hint']!r}")
 
     @classmethod
     def _generate(cls, rng: Any, knobs: dict[str, Any]) -> dict[str, Any] | None:
@@ -202,7 +210,14 @@ class RoomsEnv(ToolEnv):
         st = {**world, "at": world["start"]}
         if plan_length(st) > knobs["max_steps"]:
             return None
-        prompt = f"Your task: put the {obj} in the {target}.\n{describe(st)}"
+        hint = ""
+        if knobs["hint"]:
+            holder = where[obj]
+            hint = (
+                f" The {obj} is in the {holder} of the {room_of[holder]}; the {target} is in the "
+                f"{room_of[target]}."
+            )
+        prompt = f"Your task: put the {obj} in the {target}.{hint}\n{describe(st)}"
         meta = {**world, "max_steps": knobs["max_steps"]}
         return {"prompt": prompt, "answer": f"put {obj} in {target}", "meta": meta, "key": world}
 
