@@ -13,7 +13,10 @@ entity in order, then answers.
 
 ``names: pool`` draws the entities from :data:`horizonrl.envs.names.ENTITY_NAMES`
 (single tokens of the embedded tokenizer with ``model.tiny_name_tokens``) instead
-of random syllables.
+of random syllables; ``names: code`` names them by three digits whose first one is
+the layer (person ``117`` works at company ``242``): the embedded tokenizer splits
+every digit, and a tiny model copies digits as reliably as it copies numbers into a
+calculator call, where it fails to copy syllable names (as single tokens or not).
 
 ``tool_noise = p`` makes the search tool unreliable: with probability ``p`` a
 call returns the facts of another entity of the same layer instead (a
@@ -45,6 +48,7 @@ from horizonrl.envs.tools import Tool, ToolCall, format_answer, format_tool_call
 
 LAYER_TYPES = ("person", "company", "city", "country", "region")
 NOISE_KINDS = ("guess", "distractor", "redundant")
+NAME_KINDS = ("syllable", "pool", "code")
 FORK_NOISE_KINDS = ("direct", "redundant", "irrelevant", "guess")
 RELATIONS = ("works at", "is in", "is in", "is in")
 MAX_HOPS = len(RELATIONS)
@@ -152,8 +156,10 @@ class LookupEnv(ToolEnv):
         check_int(cls.name, "n_entities", knobs["n_entities"], 2, 200)
         check_int(cls.name, "obs_facts", knobs["obs_facts"], 0, 10_000)
         check_bool(cls.name, "decompose", knobs["decompose"])
-        if knobs["names"] not in ("syllable", "pool"):
-            raise ValueError(f"{cls.name}: knob 'names' must be 'syllable' or 'pool', got {knobs['names']!r}")
+        if knobs["names"] not in NAME_KINDS:
+            raise ValueError(f"{cls.name}: knob 'names' must be one of {NAME_KINDS}, got {knobs['names']!r}")
+        if knobs["names"] == "code" and knobs["n_entities"] > 100:
+            raise ValueError(f"{cls.name}: names=code has 100 codes per layer, fewer than n_entities")
         if knobs["names"] == "pool" and knobs["n_entities"] * (max(hops) + 1) > len(ENTITY_NAMES):
             raise ValueError(
                 f"{cls.name}: names=pool has {len(ENTITY_NAMES)} names, fewer than n_entities x (hops + 1)"
@@ -169,6 +175,8 @@ class LookupEnv(ToolEnv):
             hops = rng.choice(hops)
         if knobs["names"] == "pool":
             names = rng.sample(ENTITY_NAMES, m * (hops + 1))
+        elif knobs["names"] == "code":  # three digits, the first one the layer: 117, 242, ...
+            names = [f"{i + 1}{n:02d}" for i in range(hops + 1) for n in rng.sample(range(100), m)]
         else:
             names = _names(rng, m * (hops + 1))
         layers = [names[i * m : (i + 1) * m] for i in range(hops + 1)]
