@@ -157,7 +157,7 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
         losses = copy_pretrain(
             model, vocab_size=len(tok), steps=cfg.tiny_pretrain_steps, lr=cfg.tiny_pretrain_lr, seed=cfg.seed
         )
-        tail = losses[-50:]
+        tail = losses[-100:]
         report = {
             "steps": len(losses),
             "max_steps": cfg.tiny_pretrain_steps,
