@@ -31,7 +31,7 @@ RTPO_REGIME = (
     "optim.lr=1.0e-4",  # paper 1e-6 for 1.5-8B models; scaled to the 0.9M-parameter tiny model
     # The expert errs with probability 0.1 per decision (its success is 0.71 with the tool failures);
     # at 0.3 it succeeds 0.29 of the time and the warm start only 0.03 (below the gate).
-    "sft.demos=3000",
+    "sft.demos=2000",
     "sft.noise=0.1",
     "sft.epochs=3",
 )
@@ -132,7 +132,7 @@ CCPO_REGIME = (
     "rollout.max_new_tokens=32",
     "rollout.group_size=8",  # paper: 8 rollouts per task
     "rollout.tasks_per_step=4",
-    "sft.demos=1500",
+    "sft.demos=1000",
     "sft.noise=0.3",
     "sft.epochs=2",
 )
@@ -246,7 +246,7 @@ def mosaic() -> Paper:
             "rollout.group_size=8",
             "rollout.tasks_per_step=4",
             "optim.lr=1.0e-4",
-            "sft.demos=3000",
+            "sft.demos=2000",
             "sft.epochs=3",
         ),
         scenarios={
