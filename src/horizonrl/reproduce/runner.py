@@ -346,7 +346,10 @@ def _run_one(spec: dict[str, Any]) -> None:
     out = Path(spec["out_dir"])
     t0 = time.perf_counter()
     trainer = make_trainer(cfg)
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
     result = summarize_run(out, spec["diagnostics"], time.perf_counter() - t0)
     result["config"] = cfg.to_dict()
     tmp = out / "result.json.tmp"

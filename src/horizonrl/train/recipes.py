@@ -220,7 +220,10 @@ def quickstart(out_dir: str | Path = "runs/quickstart", overrides: list[str] | N
         f" x G={cfg.rollout.group_size}"
     )
     trainer = GroupTrainer(cfg)
-    records = trainer.fit()
+    try:
+        records = trainer.fit()
+    finally:
+        trainer.close()
     t2 = time.perf_counter()
     print(f"      done in {t2 - t1:.0f}s")
     before, after = records[0], records[-1]
