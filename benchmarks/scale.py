@@ -39,24 +39,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def overrides(model_dir: str, out: str, *extra: str) -> list[str]:
-    return [
-        f"model.path={model_dir}",
-        "env.name=arith_shaped",
-        "env.knobs={n_ops: 1, max_operand: 9}",
-        "env.train_tasks=40",
-        "env.test_tasks=2",
-        "rollout.group_size=4",
-        "rollout.tasks_per_step=2",
-        "rollout.max_new_tokens=16",
-        "rollout.max_turns=2",
-        "rollout.context_budget=512",
-        "optim.lr=1e-2",
-        "train.progress=false",
-        "train.eval_at_start=false",
-        "algo.mini_batches=2",
-        f"train.out_dir={out}",
-        *extra,
-    ]
+    from shaped_env import small_run_overrides
+
+    return small_run_overrides(model_dir, "algo.mini_batches=2", f"train.out_dir={out}", *extra)
 
 
 def median_steps(trainer, steps: int) -> dict[str, float]:

@@ -18,3 +18,24 @@ class ShapedArithmeticEnv(ArithmeticEnv):
         result = super().step(action)
         result.reward += (len(action) % 7) / 7
         return result
+
+
+def small_run_overrides(model_dir, *extra: str) -> list[str]:
+    """Overrides of the small ``arith_shaped`` run shared by the distributed tests and benchmarks/scale.py."""
+    return [
+        f"model.path={model_dir}",
+        "env.name=arith_shaped",
+        "env.knobs={n_ops: 1, max_operand: 9}",
+        "env.train_tasks=40",
+        "env.test_tasks=2",
+        "rollout.group_size=4",
+        "rollout.tasks_per_step=2",
+        "rollout.max_new_tokens=16",
+        "rollout.max_turns=2",
+        "rollout.context_budget=512",
+        "optim.lr=1e-2",
+        "train.eval_samples=1",
+        "train.progress=false",
+        "train.eval_at_start=false",
+        *extra,
+    ]

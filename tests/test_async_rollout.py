@@ -27,6 +27,7 @@ from horizonrl.models import load_model_and_tokenizer
 from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.metrics import read_metrics
 from horizonrl.trajectory import read_jsonl
+from shaped_env import small_run_overrides
 
 HERE = Path(__file__).resolve().parent
 #: main just before distributed / asynchronous training was merged (what max_staleness=0 reproduces).
@@ -34,27 +35,7 @@ BASE_COMMIT = "5df232a"
 
 
 def _cfg(model_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            "env.name=arith_shaped",
-            "env.knobs={n_ops: 1, max_operand: 9}",
-            "env.train_tasks=40",
-            "env.test_tasks=2",
-            "rollout.group_size=4",
-            "rollout.tasks_per_step=2",
-            "rollout.max_new_tokens=16",
-            "rollout.max_turns=2",
-            "rollout.context_budget=512",
-            "optim.lr=1e-2",
-            "train.eval_samples=1",
-            "train.progress=false",
-            "train.eval_at_start=false",
-            f"train.out_dir={out}",
-            *extra,
-        ],
-    )
+    return load_config(None, small_run_overrides(model_dir, f"train.out_dir={out}", *extra))
 
 
 def _deterministic(records):

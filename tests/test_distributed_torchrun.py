@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from shaped_env import small_run_overrides
+
 pytestmark = pytest.mark.distributed
 
 HERE = Path(__file__).resolve().parent
@@ -30,28 +32,15 @@ def _port() -> int:
 
 
 def _common(model_dir) -> list[str]:
-    return [
-        f"model.path={model_dir}",
-        "env.name=arith_shaped",
-        "env.knobs={n_ops: 1, max_operand: 9}",
-        "env.train_tasks=40",
-        "env.test_tasks=2",
-        "rollout.group_size=4",
-        "rollout.tasks_per_step=2",
-        "rollout.max_new_tokens=16",
-        "rollout.max_turns=2",
-        "rollout.context_budget=512",
-        "optim.lr=1e-2",
-        "train.eval_samples=1",
-        "train.progress=false",
-        "train.eval_at_start=false",
+    return small_run_overrides(
+        model_dir,
         "train.save_every=1",
         "train.keep_checkpoints=4",
         "algo.micro_batch_tokens=600",
         "algo.mini_batches=2",
         "algo.kl_coef=0.01",
         "distributed.seeding=request",
-    ]
+    )
 
 
 def _launch(out: Path, nproc: int, *overrides: str, resume: bool = False) -> dict:

@@ -27,6 +27,7 @@ from horizonrl import cluster  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.credit import flatten_rollouts  # noqa: E402
 from horizonrl.train.group_trainer import GroupTrainer  # noqa: E402
+from shaped_env import small_run_overrides  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -48,27 +49,7 @@ def ray_session():
 
 
 def _cfg(model_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            "env.name=arith_shaped",
-            "env.knobs={n_ops: 1, max_operand: 9}",
-            "env.train_tasks=40",
-            "env.test_tasks=2",
-            "rollout.group_size=4",
-            "rollout.tasks_per_step=2",
-            "rollout.max_new_tokens=16",
-            "rollout.max_turns=2",
-            "rollout.context_budget=512",
-            "optim.lr=1e-2",
-            "train.eval_samples=1",
-            "train.progress=false",
-            "train.eval_at_start=false",
-            f"train.out_dir={out}",
-            *extra,
-        ],
-    )
+    return load_config(None, small_run_overrides(model_dir, f"train.out_dir={out}", *extra))
 
 
 def _descendants(pid: int) -> list[int]:

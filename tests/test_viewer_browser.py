@@ -79,7 +79,11 @@ def browser():
 
 @pytest.fixture(scope="module")
 def compaction_run(tiny_model_dir, tmp_path_factory):
-    """Two real steps of the Mosaic compaction config on the tiny model."""
+    """Two real steps of the Mosaic compaction config on the tiny model.
+
+    An untrained model rarely writes a parseable ``<summary>``, and a failed compaction is removed from
+    the rollout by default; ``keep_failed`` (the paper's ablation) keeps it, so every rollout that hits
+    the session limit carries a compaction session for the viewer to draw, whatever the model writes."""
     out = tmp_path_factory.mktemp("browser_run")
     path = resources.files("horizonrl") / "configs" / "mosaic_compaction_lookup.yaml"
     small = [
@@ -90,6 +94,7 @@ def compaction_run(tiny_model_dir, tmp_path_factory):
         "env.test_tasks=2",
         "env.train_tasks=20",
         "train.progress=false",
+        "rollout.context_params.keep_failed=true",
     ]
     cfg = load_config(str(path), [*small, f"train.init={tiny_model_dir}", f"train.out_dir={out}"])
     GroupTrainer(cfg).fit()
