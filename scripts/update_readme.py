@@ -51,6 +51,11 @@ def results_block() -> str:
             lines.append(f"| {name} | – | – | not run yet | – | – |")
             continue
         res = json.loads(path.read_text())
+        if res.get("status") == "gate_refused":
+            w = res["warm_start"]
+            why = f"not run: warm-start pass@1 {w['pass@1']:.3f} outside the gate {res['setup']['gate']}"
+            lines.append(f"| [{name}](docs/results/{name}.md) | – | – | {why} | – | – |")
+            continue
         for c in res["comparisons"]:
             t = c["t"]
             ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"

@@ -111,7 +111,15 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
 def test_gate_refuses_with_the_measured_value_and_the_knob(tmp_path):
     paper = _paper(gate=(0.99, 1.0), arms=(Arm("grpo"),), comparisons=())
     with pytest.raises(GateError, match=r"warm-start pass@1 .* outside the gate \[0.99, 1.0\].*sft.noise"):
-        reproduce(paper, Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None), results_dir=None)
+        reproduce(paper, Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None), results_dir=tmp_path)
+    # The refusal is recorded: the measured warm start and the reason, no arms, no plots.
+    data = json.loads((tmp_path / "mini.json").read_text())
+    meta = json.loads((tmp_path / "runs" / "mini" / "warmstart" / "warmstart.json").read_text())
+    assert data["status"] == "gate_refused" and data["arms"] == {} and data["comparisons"] == []
+    assert data["warm_start"]["pass@1"] == meta["gate"]["pass@1"] < 0.99
+    page = (tmp_path / "mini.md").read_text()
+    assert "Not run: the gate refused" in page and f"{meta['gate']['pass@1']:.3f}" in page
+    assert not (tmp_path / "mini_curves.png").exists()
 
 
 def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
@@ -140,3 +148,33 @@ def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
         cfg = json.loads((root / arm / "seed_0" / "result.json").read_text())["config"]
         assert cfg["rollout"]["max_turns"] == turns
         assert cfg["train"]["init"].endswith("warmstart_short/sft" if arm == "a" else "warmstart_long/sft")
+
+
+def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "update_readme", Path(__file__).parents[1] / "scripts" / "update_readme.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    refused = {"status": "gate_refused", "warm_start": {"pass@1": 0.1054}, "setup": {"gate": [0.25, 0.75]}}
+    (tmp_path / "docs" / "results" / "ccpo.json").write_text(json.dumps(refused))
+    t = {"mean": 0.05, "lo": -0.01, "hi": 0.11, "n": 5}
+    done = {
+        "comparisons": [{"arm": "rtpo", "baseline": "grpo", "claim": "c", "t": t, "verdict": "inside noise"}]
+    }
+    (tmp_path / "docs" / "results" / "rtpo.json").write_text(json.dumps(done))
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    rows = mod.results_block().splitlines()[2:]
+    assert (
+        rows[0] == "| [rtpo](docs/results/rtpo.md) | `rtpo` − `grpo` | c | +0.050 [-0.010, +0.110] | 5 "
+        "| inside noise |"
+    )
+    assert rows[1] == (
+        "| [ccpo](docs/results/ccpo.md) | – | – | not run: warm-start pass@1 0.105 outside the gate "
+        "[0.25, 0.75] | – | – |"
+    )
+    assert rows[2:] == ["| mosaic | – | – | not run yet | – | – |", "| echo | – | – | not run yet | – | – |"]

@@ -26,7 +26,7 @@ def reproduce(
     report_only: bool = False,
 ) -> dict[str, Any]:
     """Warm start, gate, all arm-seeds (resumable), then the results JSON/page; returns the JSON."""
-    from horizonrl.reproduce.report import collect, write_page
+    from horizonrl.reproduce.report import collect, gate_refusal, write_page
 
     log = settings.log
     used = {paper.arm(a).scenario for a in settings.arms} if settings.arms else set(paper.scenario_names())
@@ -41,8 +41,19 @@ def reproduce(
             flag = "" if c.get("ok", True) else "  FAILED"
             log(f"[check{tag}] {c['name']} = {c['value']} (target {c['target']}){flag}")
         metas[scenario] = meta
-    for scenario, meta in metas.items():
-        check_gate(paper, meta, settings, scenario)
+    try:
+        for scenario, meta in metas.items():
+            check_gate(paper, meta, settings, scenario)
+    except GateError as e:  # the measured regime is a finding too: recorded, then refused
+        if results_dir is not None:
+            page = write_page(
+                gate_refusal(paper, settings, metas, str(e)),
+                Path(results_dir),
+                command=command or f"horizonrl reproduce {paper.name}",
+                diag_keys=[],
+            )
+            log(f"[report] {page} (gate refused)")
+        raise
     jobs, starts = plan(paper, settings)
     if not report_only:
         run_jobs(paper, settings, jobs)

@@ -81,6 +81,11 @@ def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[st
                 "verdict": verdict(t),
             }
         )
+    return {**header(paper, settings, metas), "status": "done", "arms": arms, "comparisons": comparisons}
+
+
+def header(paper: Paper, settings, metas: dict[str, Any]) -> dict[str, Any]:
+    """The part of the results JSON that exists before any arm runs: setup, warm starts, regime checks."""
     return {
         "paper": paper.name,
         "title": paper.title,
@@ -102,9 +107,13 @@ def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[st
         "warm_start": _warm(next(iter(metas.values()))),
         "warm_starts": {s: _warm(m) for s, m in metas.items()},
         "checks": [{"scenario": s, **c} for s, m in metas.items() for c in (m.get("checks") or [])],
-        "arms": arms,
-        "comparisons": comparisons,
     }
+
+
+def gate_refusal(paper: Paper, settings, metas: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The results JSON of a reproduction whose gate refused to start RL: the measured regime, no arms."""
+    return {**header(paper, settings, metas), "status": "gate_refused", "refused": reason, "arms": {},
+            "comparisons": []}  # fmt: skip
 
 
 def _cpus() -> int:
@@ -218,8 +227,10 @@ def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_key
     results_dir.mkdir(parents=True, exist_ok=True)
     name = res["paper"]
     (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    plot_curves(res, results_dir / f"{name}_curves.png")
-    plot_diffs(res, results_dir / f"{name}_diffs.png")
+    refused = res.get("status") == "gate_refused"
+    if not refused:
+        plot_curves(res, results_dir / f"{name}_curves.png")
+        plot_diffs(res, results_dir / f"{name}_diffs.png")
     st = res["setup"]
     checks = "\n".join(
         f"| {c.get('scenario') or '–'} | {c['name']} | {c['value']} | {c['target']} | "
@@ -264,7 +275,15 @@ Checks of the regime with the scripted expert at the warm start's noise, before 
 
 ## Results
 
-{arm_table(res, diag_keys)}
+{_refused_text(res) if refused else _results_text(res, diag_keys)}"""
+    path = results_dir / f"{name}.md"
+    path.write_text(page)
+    return path
+
+
+def _results_text(res: dict[str, Any], diag_keys: list[str]) -> str:
+    name = res["paper"]
+    return f"""{arm_table(res, diag_keys)}
 
 Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
 
@@ -273,9 +292,14 @@ Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, s
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)
 """
-    path = results_dir / f"{name}.md"
-    path.write_text(page)
-    return path
+
+
+def _refused_text(res: dict[str, Any]) -> str:
+    return f"""**Not run: the gate refused to start RL.** {res["refused"]}.
+
+No arm was trained, so nothing about the paper's claim was measured: with the warm start outside the gate
+most groups would carry no signal (all rewards equal), and any difference between arms would be noise.
+"""
 
 
 # ------------------------------------------------------------------ plots
