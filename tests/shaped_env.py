@@ -39,3 +39,24 @@ def small_run_overrides(model_dir, *extra: str) -> list[str]:
         "train.eval_at_start=false",
         *extra,
     ]
+
+
+def arith_run_overrides(model_dir, out_dir, *extra: str) -> list[str]:
+    """Overrides of a small run on the packaged ``arithmetic`` env (trainer, reliability and vLLM tests)."""
+    return [
+        f"model.path={model_dir}",
+        "env.name=arithmetic",
+        "env.knobs={n_ops: 1, max_operand: 9}",
+        "env.train_tasks=40",
+        "env.test_tasks=4",
+        "rollout.group_size=4",
+        "rollout.tasks_per_step=2",
+        "rollout.max_new_tokens=24",
+        "rollout.max_turns=3",
+        "rollout.context_budget=512",
+        "optim.lr=1e-3",
+        "train.eval_samples=2",
+        "train.progress=false",
+        f"train.out_dir={out_dir}",
+        *extra,
+    ]

@@ -28,34 +28,23 @@ from horizonrl.errors import CheckpointError, HorizonWarning
 from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS, GroupTrainer
 from horizonrl.train.metrics import read_metrics
+from shaped_env import arith_run_overrides
 
 SRC = str(Path(horizonrl.__file__).resolve().parents[1])
 STEPS = 4
 
 
 def _args(model_dir, out_dir, *extra):
-    return [
-        f"model.path={model_dir}",
-        "env.name=arithmetic",
-        "env.knobs={n_ops: 1, max_operand: 9}",
-        "env.train_tasks=40",
-        "env.test_tasks=4",
-        "rollout.group_size=4",
-        "rollout.tasks_per_step=2",
-        "rollout.max_new_tokens=24",
-        "rollout.max_turns=3",
-        "rollout.context_budget=512",
-        "optim.lr=1e-3",
+    return arith_run_overrides(
+        model_dir,
+        out_dir,
         # IGPO's turn-level information gain gives every step a gradient even when no rollout of the
         # untrained tiny model succeeds (GRPO's advantages would all be 0 and the weights never move).
         "algo.estimator=igpo",
-        "train.eval_samples=2",
         "train.eval_every=2",
-        "train.progress=false",
         "train.save_every=1",
-        f"train.out_dir={out_dir}",
         *extra,
-    ]
+    )
 
 
 def _spawn(model_dir, out_dir, *extra, hashseed: int, resume: bool = False) -> subprocess.Popen:

@@ -12,29 +12,11 @@ from horizonrl.train import checkpoint as ckpt
 from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS, GroupTrainer
 from horizonrl.train.metrics import read_metrics
 from horizonrl.trajectory import read_jsonl
+from shaped_env import arith_run_overrides
 
 
 def _cfg(model_dir, out_dir, *extra):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            "env.name=arithmetic",
-            "env.knobs={n_ops: 1, max_operand: 9}",
-            "env.train_tasks=40",
-            "env.test_tasks=4",
-            "rollout.group_size=4",
-            "rollout.tasks_per_step=2",
-            "rollout.max_new_tokens=24",
-            "rollout.max_turns=3",
-            "rollout.context_budget=512",
-            "optim.lr=1e-3",
-            "train.eval_samples=2",
-            "train.progress=false",
-            f"train.out_dir={out_dir}",
-            *extra,
-        ],
-    )
+    return load_config(None, arith_run_overrides(model_dir, out_dir, *extra))
 
 
 def _deterministic(records):

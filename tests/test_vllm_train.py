@@ -20,6 +20,7 @@ from horizonrl.config import load_config  # noqa: E402
 from horizonrl.inference import SamplingParams  # noqa: E402
 from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS, GroupTrainer  # noqa: E402
 from horizonrl.train.metrics import read_metrics  # noqa: E402
+from shaped_env import arith_run_overrides  # noqa: E402
 
 RATIO_TOL = 1e-3
 
@@ -37,25 +38,7 @@ def vllm_tiny_dir(tmp_path_factory):
 def _grpo(model_dir, out_dir, *extra):
     return load_config(
         None,
-        [
-            f"model.path={model_dir}",
-            "inference.engine=vllm",
-            "env.name=arithmetic",
-            "env.knobs={n_ops: 1, max_operand: 9}",
-            "env.train_tasks=40",
-            "env.test_tasks=4",
-            "rollout.group_size=4",
-            "rollout.tasks_per_step=2",
-            "rollout.max_new_tokens=24",
-            "rollout.max_turns=3",
-            "rollout.context_budget=512",
-            "rollout.temperature=0.8",
-            "optim.lr=1e-3",
-            "train.eval_samples=2",
-            "train.progress=false",
-            f"train.out_dir={out_dir}",
-            *extra,
-        ],
+        arith_run_overrides(model_dir, out_dir, "inference.engine=vllm", "rollout.temperature=0.8", *extra),
     )
 
 

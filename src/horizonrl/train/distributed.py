@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
-from horizonrl.inference.seeding import RequestSeeds
+from horizonrl.inference.seeding import SeededEngine
 from horizonrl.train import checkpoint as ckpt
 
 DCP_DIR = "dcp"
@@ -182,21 +182,19 @@ def unshard(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state_dict.items()}
 
 
-class ShardedEngine(Engine):
+class ShardedEngine(SeededEngine):
     """Generation and scoring split across the ranks (module docstring).
 
-    ``follow`` (the training model, under FSDP) makes ``sync()`` gather its current
-    weights into the engine's full copy; otherwise ``sync()`` is the inner engine's.
+    Request seeds are drawn for the whole batch before it is split, as in :class:`SeededEngine`, so a
+    prompt gets the same seed whatever rank generates it. ``follow`` (the training model, under FSDP)
+    makes ``sync()`` gather its current weights into the engine's full copy; otherwise ``sync()`` is the
+    inner engine's.
     """
 
     def __init__(self, engine: Engine, world: World, *, seed: int = 0, follow: torch.nn.Module | None = None):
-        self.inner = engine
+        super().__init__(engine, seed)
         self.world = world
-        self.seeds = RequestSeeds(seed)
         self.follow = follow
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
     def _shard(self, lengths: list[int]) -> list[int]:
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -233,21 +231,6 @@ class ShardedEngine(Engine):
         elif state_dict is not None:
             state_dict = unshard(state_dict)
         self.inner.sync(state_dict)
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def set_seed(self, seed: int) -> None:
-        self.seeds.set_seed(seed)
-
-    def rng_state(self) -> torch.Tensor:
-        return self.seeds.rng_state()
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        self.seeds.set_rng_state(state)
 
 
 def full_model_copy(model: torch.nn.Module, world: World) -> torch.nn.Module:
