@@ -355,3 +355,28 @@ def test_reloaded_tokenizer_segments_text_exactly_as_trained(tmp_path):
     _, loaded = load_model_and_tokenizer(tmp_path)
     for text in [*texts[:1], 'x {"name": "y"} (3 - 4) "5"']:
         assert loaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+
+
+def test_packed_copy_problems_keep_their_targets():
+    from horizonrl.train.pretrain import _pack, _recall_batch
+
+    gen = torch.Generator().manual_seed(0)
+    n, rows, pack = 5, 3, 4
+    x = torch.randint(3, 50, (rows * pack, n), generator=gen)
+    seq = torch.cat([x, torch.full((rows * pack, 1), 1), x], dim=1)
+    packed, where = _pack(seq, torch.arange(n, 2 * n), rows, pack, start_id=2)
+    length = 2 * n + 2  # start token + span + sep + copy
+    assert packed.shape == (rows, pack * length)
+    assert (packed[:, ::length] == 2).all()  # every problem opens with the start token
+    # each loss position predicts the token n + 1 places back (the span copy), in every problem
+    assert len(where) == pack * n and (packed[:, where + 1] == packed[:, where + 1 - (n + 1)]).all()
+    assert packed[1, length + 1 : length + 1 + n].tolist() == x[pack + 1].tolist()  # row 1, problem 1
+    # recall: each queried key (loss position) names the value that followed it in the context
+    rseq, rwhere = _recall_batch(gen, rows * pack, 4, 3, 50, 1)
+    packed, where = _pack(rseq, rwhere, rows, pack, start_id=2)
+    for r in range(rows):
+        for w in where.tolist():
+            start = w - (w - 1) % (4 * 4 + 2)  # first token of this problem (after its start token)
+            ctx = packed[r, start : start + 8].tolist()
+            key, value = packed[r, w].item(), packed[r, w + 1].item()
+            assert ctx[1::2][ctx[0::2].index(key)] == value  # keys are distinct within a problem

@@ -114,7 +114,7 @@ class ModelConfig(_Section):
     tiny_layers: int = opt(4, "tiny model: transformer layers", gt=0, le=128)
     tiny_vocab: int = opt(768, "tiny model: BPE vocabulary size of the trained tokenizer", ge=300, le=65536)
     tiny_pretrain_steps: int = opt(
-        3000,
+        6000,
         "tiny model: at most this many steps of synthetic in-context copy pretraining after "
         "initialisation (it stops early once the copy loss has converged)",
         ge=0,
@@ -125,6 +125,14 @@ class ModelConfig(_Section):
         "tiny model: peak learning rate of the copy pretraining (3e-3 fails to converge on some CPUs)",
         gt=0.0,
         le=1.0,
+    )
+    tiny_pretrain_pack: int = opt(
+        8,
+        "tiny model: copy-pretraining problems packed into one row, so each is found by content deep in "
+        "a context of others (1: one problem a row, whose copy circuit only works near the start of a "
+        "context)",
+        ge=1,
+        le=256,
     )
     tiny_name_tokens: bool = opt(
         False,

@@ -22,7 +22,7 @@ from horizonrl.envs import get_env
 from horizonrl.envs.base import Env, Task
 from horizonrl.errors import DataError
 from horizonrl.jsonl import read_jsonl
-from horizonrl.train.pretrain import copy_converged, copy_pretrain
+from horizonrl.train.pretrain import copy_accuracy, copy_converged, copy_pretrain
 
 
 def expert_demo(env: Env, task: Task, rng: random.Random, *, noise: float, max_turns: int) -> dict[str, Any]:
@@ -155,15 +155,23 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     report: dict[str, Any] = {"steps": 0}
     if cfg.tiny_pretrain_steps:
         losses = copy_pretrain(
-            model, vocab_size=len(tok), steps=cfg.tiny_pretrain_steps, lr=cfg.tiny_pretrain_lr, seed=cfg.seed
+            model,
+            vocab_size=len(tok),
+            steps=cfg.tiny_pretrain_steps,
+            lr=cfg.tiny_pretrain_lr,
+            seed=cfg.seed,
+            pack=cfg.tiny_pretrain_pack,
         )
         tail = losses[-100:]
         report = {
             "steps": len(losses),
             "max_steps": cfg.tiny_pretrain_steps,
             "lr": cfg.tiny_pretrain_lr,
+            "pack": cfg.tiny_pretrain_pack,
             "final_loss": sum(tail) / len(tail),
             "converged": copy_converged(losses),
+            # Greedy copy accuracy 256 random tokens into a context (about where a tool result sits).
+            "accuracy_at_256": copy_accuracy(model, vocab_size=len(tok), prefix=256),
         }
         if not report["converged"] and cfg.tiny_pretrain_steps >= 1000:
             warnings.warn(

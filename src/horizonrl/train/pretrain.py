@@ -52,12 +52,18 @@ def copy_pretrain(
     recall: bool = True,
     min_pairs: int = 4,
     max_pairs: int = 12,
+    pack: int = 1,
+    start_id: int = 2,
 ) -> list[float]:
     """Train ``model`` in place on span copying (and, with ``recall``, associative recall on every
     other step: the module docstring); returns the loss of every step taken.
 
     Tokens are drawn uniformly from ``[first_id, vocab_size)`` (special tokens
-    excluded); the chance-level loss is ``log(vocab_size - first_id)``. The rate
+    excluded); the chance-level loss is ``log(vocab_size - first_id)``. ``pack``
+    problems (each opened by ``start_id``) are concatenated into one row, and the
+    batch has ``batch_size // pack`` rows, so a step costs about the same while
+    every problem after the first sits deep in a context of other problems: the
+    circuit must find its own problem by content, not by absolute position. The rate
     rises linearly over ``warmup`` steps; training stops early once the mean loss
     of the last ``window`` steps of each task is below ``target_loss``
     (``target_loss=0``: always ``steps`` steps). Deterministic for a given ``seed``.
@@ -72,15 +78,20 @@ def copy_pretrain(
     losses: list[float] = []
     if recall and not 2 <= min_pairs <= max_pairs <= vocab_size - first_id:
         raise ValueError(f"copy_pretrain needs 2 <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
+    if pack < 1:
+        raise ValueError(f"copy_pretrain needs pack >= 1, got {pack}")
+    rows = max(1, batch_size // pack)
     for step in range(steps):
         if recall and step % 2:
             n = int(torch.randint(min_pairs, max_pairs + 1, (1,), generator=gen))
-            seq, where = _recall_batch(gen, batch_size, n, first_id, vocab_size, sep_id)
+            seq, where = _recall_batch(gen, rows * pack, n, first_id, vocab_size, sep_id)
         else:
             n = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
-            x = torch.randint(first_id, vocab_size, (batch_size, n), generator=gen)
-            seq = torch.cat([x, torch.full((batch_size, 1), sep_id), x], dim=1)
+            x = torch.randint(first_id, vocab_size, (rows * pack, n), generator=gen)
+            seq = torch.cat([x, torch.full((rows * pack, 1), sep_id), x], dim=1)
             where = torch.arange(n, 2 * n)  # positions whose next token is the copy
+        if pack > 1:
+            seq, where = _pack(seq, where, rows, pack, start_id)
         seq = seq.to(device)
         logits = model(input_ids=seq, use_cache=False).logits[:, where]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), seq[:, where + 1].reshape(-1))
@@ -101,6 +112,16 @@ def _converged(losses: list[float], window: int, target: float, tasks: int) -> b
     return all(sum(losses[-window * tasks + t :: tasks]) / window < target for t in range(tasks))
 
 
+def _pack(seq: torch.Tensor, where: torch.Tensor, rows: int, pack: int, start_id: int):
+    """``rows * pack`` problems of one length -> ``rows`` rows of ``pack`` problems, each opened by
+    ``start_id``; the loss positions of every problem, shifted to its place in the row."""
+    length = seq.shape[1] + 1
+    opened = torch.cat([torch.full((seq.shape[0], 1), start_id), seq], dim=1)
+    packed = opened.reshape(rows, pack * length)
+    offsets = (torch.arange(pack) * length + 1).unsqueeze(1)
+    return packed, (offsets + where.unsqueeze(0)).reshape(-1)
+
+
 def _recall_batch(gen, batch: int, n: int, first_id: int, vocab_size: int, sep_id: int):
     """``k_1 v_1 .. k_n v_n <sep> k_a v_a ..`` (distinct keys per row, queried in a random order) and the
     positions whose next token is a queried value."""
@@ -112,6 +133,28 @@ def _recall_batch(gen, batch: int, n: int, first_id: int, vocab_size: int, sep_i
     query = torch.stack([keys.gather(1, order), values.gather(1, order)], dim=2).reshape(batch, 2 * n)
     seq = torch.cat([context, torch.full((batch, 1), sep_id), query], dim=1)
     return seq, 2 * n + 1 + 2 * torch.arange(n)  # each queried key's position
+
+
+def copy_accuracy(
+    model: torch.nn.Module, *, vocab_size: int, prefix: int, n: int = 64, seed: int = 123, first_id: int = 3
+) -> dict[str, float]:
+    """Greedy next-token accuracy on fresh span-copy (10 tokens) and recall (8 pairs) sequences behind
+    ``prefix`` random tokens: whether the copy circuit works that far into a context."""
+    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = {}
+    x = torch.randint(first_id, vocab_size, (n, 10), generator=gen)
+    span = (torch.cat([x, torch.full((n, 1), 1), x], dim=1), torch.arange(10, 20))
+    for task, (seq, where) in (("span", span), ("recall", _recall_batch(gen, n, 8, first_id, vocab_size, 1))):
+        seq = torch.cat([torch.randint(first_id, vocab_size, (n, prefix), generator=gen), seq], dim=1)
+        where = where + prefix
+        with torch.no_grad():
+            pred = model(input_ids=seq.to(device), use_cache=False).logits[:, where].argmax(-1).cpu()
+        out[task] = float((pred == seq[:, where + 1]).float().mean())
+    model.train(was_training)
+    return out
 
 
 def copy_converged(losses: list[float], *, window: int = 100, threshold: float = 0.5) -> bool:
