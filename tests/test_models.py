@@ -380,3 +380,17 @@ def test_packed_copy_problems_keep_their_targets():
             ctx = packed[r, start : start + 8].tolist()
             key, value = packed[r, w].item(), packed[r, w + 1].item()
             assert ctx[1::2][ctx[0::2].index(key)] == value  # keys are distinct within a problem
+
+
+def test_build_tiny_reports_its_pretraining(tmp_path):
+    import json
+
+    from horizonrl.config import ModelConfig
+    from horizonrl.train.bootstrap import build_tiny
+
+    build_tiny(ModelConfig(tiny_hidden=32, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), tmp_path)
+    rep = json.loads((tmp_path / "pretrain.json").read_text())
+    assert rep["steps"] == 20 and rep["pack"] == 8 and rep["converged"] is False
+    # 20 steps cannot form a copy circuit: the deep-context probe reads about chance (1 / 397)
+    assert set(rep["accuracy_256_deep"]) == {"span", "recall"}
+    assert all(0.0 <= a < 0.1 for a in rep["accuracy_256_deep"].values())

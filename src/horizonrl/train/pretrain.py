@@ -18,6 +18,17 @@ SFT, for any SFT length or noise tried). Recall can only be solved by content
 (find the queried key, copy what followed it), which is the lookup every tool
 result needs.
 
+Problems are packed, eight to a row, each opened by a start token
+(``pack``). Trained one problem a row, both circuits were bound to the start
+of the context: probed behind 64 random tokens every seed's copy accuracy fell
+from 0.99 to 0.01-0.10 (0.00 behind 256), while a tool result sits ~250 tokens
+into the quickstart's context, so SFT had to learn that copy itself and one
+model seed in three never did (SFT start pass@1 0.0). Packed, each problem
+must be found by content among others, which is what copying a tool result
+is ("after ``<answer>``, the digits after the latest ``<tool_response>``").
+The circuits then form later (2,000-6,000 steps, seed-dependent) but hold deep
+into a context; :func:`copy_accuracy` measures it (``pretrain.json``: ``accuracy_256_deep``).
+
 Either task sees no environment text and no task, so it cannot leak answers;
 it only makes the later SFT warm start take minutes instead of hours on a CPU.
 Whether the circuit forms is a phase transition (the loss sits near chance,
@@ -136,23 +147,33 @@ def _recall_batch(gen, batch: int, n: int, first_id: int, vocab_size: int, sep_i
 
 
 def copy_accuracy(
-    model: torch.nn.Module, *, vocab_size: int, prefix: int, n: int = 64, seed: int = 123, first_id: int = 3
-) -> dict[str, float]:
-    """Greedy next-token accuracy on fresh span-copy (10 tokens) and recall (8 pairs) sequences behind
-    ``prefix`` random tokens: whether the copy circuit works that far into a context."""
+    model: torch.nn.Module, *, vocab_size: int, depth: int = 256, n: int = 64, seed: int = 123,
+    first_id: int = 3, sep_id: int = 1, start_id: int = 2,
+) -> dict[str, float]:  # fmt: skip
+    """Greedy accuracy on fresh span-copy (10 tokens) and recall (8 pairs) problems packed into rows of
+    at least ``depth`` tokens, scored on each row's last problem only: whether the copy circuit works
+    that far into a context (a quickstart tool result sits ~250 tokens in)."""
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     out = {}
-    x = torch.randint(first_id, vocab_size, (n, 10), generator=gen)
-    span = (torch.cat([x, torch.full((n, 1), 1), x], dim=1), torch.arange(10, 20))
-    for task, (seq, where) in (("span", span), ("recall", _recall_batch(gen, n, 8, first_id, vocab_size, 1))):
-        seq = torch.cat([torch.randint(first_id, vocab_size, (n, prefix), generator=gen), seq], dim=1)
-        where = where + prefix
+    for task, length in (("span", 10), ("recall", 8)):
+        size = 2 * length + 2 if task == "span" else 4 * length + 2
+        pack = max(1, -(-depth // size) + 1)
+        if task == "span":
+            x = torch.randint(first_id, vocab_size, (n * pack, length), generator=gen)
+            seq, where = (
+                torch.cat([x, torch.full((n * pack, 1), sep_id), x], dim=1),
+                torch.arange(length, 2 * length),
+            )
+        else:
+            seq, where = _recall_batch(gen, n * pack, length, first_id, vocab_size, sep_id)
+        seq, where = _pack(seq, where, n, pack, start_id)
+        last = where[-len(where) // pack :]
         with torch.no_grad():
-            pred = model(input_ids=seq.to(device), use_cache=False).logits[:, where].argmax(-1).cpu()
-        out[task] = float((pred == seq[:, where + 1]).float().mean())
+            pred = model(input_ids=seq.to(device), use_cache=False).logits[:, last].argmax(-1).cpu()
+        out[task] = float((pred == seq[:, last + 1]).float().mean())
     model.train(was_training)
     return out
 
