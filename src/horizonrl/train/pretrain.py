@@ -98,9 +98,7 @@ def copy_pretrain(
             seq, where = _recall_batch(gen, rows * pack, n, first_id, vocab_size, sep_id)
         else:
             n = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
-            x = torch.randint(first_id, vocab_size, (rows * pack, n), generator=gen)
-            seq = torch.cat([x, torch.full((rows * pack, 1), sep_id), x], dim=1)
-            where = torch.arange(n, 2 * n)  # positions whose next token is the copy
+            seq, where = _span_batch(gen, rows * pack, n, first_id, vocab_size, sep_id)
         if pack > 1:
             seq, where = _pack(seq, where, rows, pack, start_id)
         seq = seq.to(device)
@@ -133,6 +131,12 @@ def _pack(seq: torch.Tensor, where: torch.Tensor, rows: int, pack: int, start_id
     return packed, (offsets + where.unsqueeze(0)).reshape(-1)
 
 
+def _span_batch(gen, batch: int, n: int, first_id: int, vocab_size: int, sep_id: int):
+    """``x_1 .. x_n <sep> x_1 .. x_n`` and the positions whose next token is the copy."""
+    x = torch.randint(first_id, vocab_size, (batch, n), generator=gen)
+    return torch.cat([x, torch.full((batch, 1), sep_id), x], dim=1), torch.arange(n, 2 * n)
+
+
 def _recall_batch(gen, batch: int, n: int, first_id: int, vocab_size: int, sep_id: int):
     """``k_1 v_1 .. k_n v_n <sep> k_a v_a ..`` (distinct keys per row, queried in a random order) and the
     positions whose next token is a queried value."""
@@ -161,14 +165,8 @@ def copy_accuracy(
     for task, length in (("span", 10), ("recall", 8)):
         size = 2 * length + 2 if task == "span" else 4 * length + 2
         pack = max(1, -(-depth // size) + 1)
-        if task == "span":
-            x = torch.randint(first_id, vocab_size, (n * pack, length), generator=gen)
-            seq, where = (
-                torch.cat([x, torch.full((n * pack, 1), sep_id), x], dim=1),
-                torch.arange(length, 2 * length),
-            )
-        else:
-            seq, where = _recall_batch(gen, n * pack, length, first_id, vocab_size, sep_id)
+        batch = _span_batch if task == "span" else _recall_batch
+        seq, where = batch(gen, n * pack, length, first_id, vocab_size, sep_id)
         seq, where = _pack(seq, where, n, pack, start_id)
         last = where[-len(where) // pack :]
         with torch.no_grad():
