@@ -173,11 +173,15 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
             # Greedy copy accuracy 256+ tokens into a context (about where a quickstart tool result sits).
             "accuracy_256_deep": copy_accuracy(model, vocab_size=len(tok), depth=256),
         }
-        if not report["converged"] and cfg.tiny_pretrain_steps >= 1000:
+        acc = report["accuracy_256_deep"]
+        # Span copy deep in a context is the skill copying a tool result needs; recall may lag behind it
+        # (one seed in three measured: span 0.99, recall 0.21 after 6000 steps) and is only reported.
+        if acc["span"] < 0.9 and cfg.tiny_pretrain_steps >= 1000:
             warnings.warn(
-                f"tiny model: copy pretraining did not converge in {len(losses)} steps (final loss "
-                f"{report['final_loss']:.2f}); the model cannot copy from its context and SFT/RL will "
-                "learn little. Raise model.tiny_pretrain_steps or lower model.tiny_pretrain_lr.",
+                f"tiny model: after {len(losses)} steps of copy pretraining the model copies only "
+                f"{acc['span']:.0%} of a span 256 tokens into a context (recall {acc['recall']:.0%}); it "
+                "cannot copy tool results and SFT/RL will learn little. Raise model.tiny_pretrain_steps "
+                "or lower model.tiny_pretrain_lr.",
                 stacklevel=2,
             )
     save_model_and_tokenizer(model, tok, out_dir)
