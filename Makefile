@@ -25,7 +25,7 @@ quickstart: $(STAMP)
 
 # The quickstart must learn for 3 seeds (model and training), not one lucky one: >= +15 points each.
 quickstart-check: $(STAMP)
-	$(PY) scripts/quickstart_check.py --seeds 0 1 2 --jobs 2 --min-gain 15
+	$(PY) scripts/quickstart_check.py --seeds 0 1 2 --jobs 3 --min-gain 15
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,6 +1,6 @@
 """The quickstart learns on every fresh machine: run it for several seeds and assert each gains.
 
-    python scripts/quickstart_check.py                 # seeds 0 1 2, 2 runs at a time, >= +15 points
+    python scripts/quickstart_check.py --jobs 3       # seeds 0 1 2 side by side, >= +15 points
     python scripts/quickstart_check.py --seeds 3 4 --jobs 1 --min-gain 20
 
 Each seed builds its own tiny model (``model.seed``) and trains with its own ``train.seed``, so
