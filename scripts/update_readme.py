@@ -2,6 +2,7 @@
 
     python scripts/update_readme.py                      # config reference + results summary
     python scripts/update_readme.py --quickstart LOG     # also the quickstart output, from a run's log
+    python scripts/update_readme.py --quickstart-check LOG   # and the 3-seed check's table
 
 ``LOG`` is the stdout of ``horizonrl quickstart`` (``make quickstart | tee LOG``); the
 block between the ``quickstart-output`` markers is replaced by its table part, so the
@@ -39,6 +40,14 @@ def quickstart_block(log: str) -> str:
     return "```\n" + "\n".join(keep).strip("\n") + "\n```\n"
 
 
+def check_block(log: str) -> str:
+    """The table and verdict that ``scripts/quickstart_check.py`` printed."""
+    lines = [ln.rstrip() for ln in log.splitlines()]
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["seed", "SFT"])
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("quickstart-check"))
+    return "```\n" + "\n".join(lines[start : end + 1]) + "\n```\n"
+
+
 def results_block() -> str:
     """One row per reported comparison of every reproduction page that exists."""
     lines = [
@@ -68,6 +77,7 @@ def results_block() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quickstart", default=None, help="log of a `horizonrl quickstart` run")
+    ap.add_argument("--quickstart-check", default=None, help="log of a `make quickstart-check` run")
     args = ap.parse_args()
     text = README.read_text()
     text = replace_block(text, "config-reference", describe())
@@ -75,6 +85,8 @@ def main() -> None:
         text = replace_block(text, "results-summary", results_block())
     if args.quickstart:
         text = replace_block(text, "quickstart-output", quickstart_block(Path(args.quickstart).read_text()))
+    if args.quickstart_check:
+        text = replace_block(text, "quickstart-check", check_block(Path(args.quickstart_check).read_text()))
     README.write_text(text)
 
 

@@ -178,3 +178,23 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
         "[0.25, 0.75] | – | – |"
     )
     assert rows[2:] == ["| mosaic | – | – | not run yet | – | – |", "| echo | – | – | not run yet | – | – |"]
+
+
+def test_readme_quickstart_check_block_is_the_printed_table():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "update_readme", Path(__file__).parents[1] / "scripts" / "update_readme.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = [
+        "seed  SFT start  after GRPO  gain (points)  seconds",
+        "   0      0.320       0.980          +66.0     1458",
+        "quickstart-check passed: every seed gained at least 15.0 points",
+    ]
+    log = "\n".join(["some warning", *table, "trailing"]) + "\n"
+    assert mod.check_block(log) == "```\n" + "\n".join(table) + "\n```\n"
+    text = "a\n<!-- quickstart-check -->\nold\n<!-- /quickstart-check -->\nb\n"
+    assert mod.replace_block(text, "quickstart-check", mod.check_block(log)).count("+66.0") == 1
