@@ -33,10 +33,16 @@ def replace_block(text: str, name: str, body: str) -> str:
 
 
 def quickstart_block(log: str) -> str:
-    """The quickstart's printed lines from ``[1/3]`` on, without progress-bar noise."""
-    lines = [ln.rstrip() for ln in log.splitlines()]
+    """The quickstart's printed lines from ``[1/3]`` on, as a terminal shows them, without progress bars."""
+    # What a terminal shows of each line; a line that was only a progress bar, cleared, is dropped.
+    lines = [
+        ln.rsplit("\r", 1)[-1].rstrip()
+        for ln in log.split("\n")
+        if not ("\r" in ln and not ln.rsplit("\r", 1)[-1].strip())
+    ]
     start = next(i for i, ln in enumerate(lines) if ln.startswith("[1/3]"))
-    keep = [ln for ln in lines[start:] if "it/s]" not in ln and "\r" not in ln]
+    bar = re.compile(r"\d+/\d+ \[\d+:\d+")  # a tqdm progress bar (train.progress)
+    keep = [ln for ln in lines[start:] if not bar.search(ln)]
     return "```\n" + "\n".join(keep).strip("\n") + "\n```\n"
 
 
@@ -84,7 +90,8 @@ def main() -> None:
     if "<!-- results-summary -->" in text:
         text = replace_block(text, "results-summary", results_block())
     if args.quickstart:
-        text = replace_block(text, "quickstart-output", quickstart_block(Path(args.quickstart).read_text()))
+        with open(args.quickstart, newline="") as f:  # keep the progress bars' carriage returns
+            text = replace_block(text, "quickstart-output", quickstart_block(f.read()))
     if args.quickstart_check:
         text = replace_block(text, "quickstart-check", check_block(Path(args.quickstart_check).read_text()))
     README.write_text(text)

@@ -198,3 +198,23 @@ def test_readme_quickstart_check_block_is_the_printed_table():
     assert mod.check_block(log) == "```\n" + "\n".join(table) + "\n```\n"
     text = "a\n<!-- quickstart-check -->\nold\n<!-- /quickstart-check -->\nb\n"
     assert mod.replace_block(text, "quickstart-check", mod.check_block(log)).count("+66.0") == 1
+
+
+def test_readme_quickstart_block_drops_progress_bars():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "update_readme", Path(__file__).parents[1] / "scripts" / "update_readme.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    log = (
+        "noise\n[1/3] build\n[2/3] GRPO\n"
+        "\rgroup:   0%|   | 0/40 [00:00<?, ?step/s]\rgroup: 100%|###| 40/40 [03:25<00:00, 5.1s/step]\n"
+        "      done in 211s\n\nSFT start 0.312\n"
+    )
+    assert (
+        mod.quickstart_block(log)
+        == "```\n[1/3] build\n[2/3] GRPO\n      done in 211s\n\nSFT start 0.312\n```\n"
+    )
