@@ -150,7 +150,8 @@ def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
         assert cfg["train"]["init"].endswith("warmstart_short/sft" if arm == "a" else "warmstart_long/sft")
 
 
-def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
+def _update_readme():
+    """``scripts/update_readme.py`` as a module (scripts are not a package)."""
     import importlib.util
     from pathlib import Path
 
@@ -159,6 +160,11 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
+    mod = _update_readme()
     (tmp_path / "docs" / "results").mkdir(parents=True)
     refused = {"status": "gate_refused", "warm_start": {"pass@1": 0.1054}, "setup": {"gate": [0.25, 0.75]}}
     (tmp_path / "docs" / "results" / "ccpo.json").write_text(json.dumps(refused))
@@ -181,14 +187,7 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
 
 
 def test_readme_quickstart_check_block_is_the_printed_table():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "update_readme", Path(__file__).parents[1] / "scripts" / "update_readme.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _update_readme()
     table = [
         "seed  SFT start  after GRPO  gain (points)  seconds",
         "   0      0.320       0.980          +66.0     1458",
@@ -201,14 +200,7 @@ def test_readme_quickstart_check_block_is_the_printed_table():
 
 
 def test_readme_quickstart_block_drops_progress_bars():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "update_readme", Path(__file__).parents[1] / "scripts" / "update_readme.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _update_readme()
     log = (
         "noise\n[1/3] build\n[2/3] GRPO\n"
         "\rgroup:   0%|   | 0/40 [00:00<?, ?step/s]\rgroup: 100%|###| 40/40 [03:25<00:00, 5.1s/step]\n"
