@@ -83,3 +83,26 @@ class Engine(ABC):
 
     def close(self) -> None:  # noqa: B027
         """Release processes and files (the engine cannot be used afterwards)."""
+
+
+class EngineWrapper(Engine):
+    """An engine in front of another: ``score``, ``sync``, ``sleep``, ``close`` and every other attribute
+    (``model``, ``eos_ids``, ...) are the wrapped engine's; a subclass changes ``generate``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.inner = engine
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def score(self, contexts, continuations) -> list[np.ndarray]:
+        return self.inner.score(contexts, continuations)
+
+    def sync(self, state_dict: Mapping | None = None) -> None:
+        self.inner.sync(state_dict)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def close(self) -> None:
+        self.inner.close()

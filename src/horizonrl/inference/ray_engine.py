@@ -43,7 +43,7 @@ import torch
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.routing import PrefixRouter
-from horizonrl.inference.seeding import RequestSeeds
+from horizonrl.inference.seeding import RequestSeeds, SeedStateMixin
 
 
 def cpu_state_dict(model_or_sd) -> dict[str, torch.Tensor]:
@@ -118,7 +118,7 @@ class EngineReplica:
         return True
 
 
-class RayEngine(Engine):
+class RayEngine(SeedStateMixin, Engine):
     """``N`` engine replicas behind ``Engine`` (module docstring). Build it with :func:`make_ray_engine`."""
 
     def __init__(
@@ -201,15 +201,6 @@ class RayEngine(Engine):
     def state_dict(self):
         """The weights the replicas sample from (the followed model, or the copy of the last sync)."""
         return self.model.state_dict()
-
-    def set_seed(self, seed: int) -> None:
-        self.seeds.set_seed(seed)
-
-    def rng_state(self) -> torch.Tensor:
-        return self.seeds.rng_state()
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        self.seeds.set_rng_state(state)
 
     def info(self) -> list[dict[str, Any]]:
         return self._ray.get([r.info.remote() for r in self.replicas])

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.base import Engine, EngineWrapper, Generation, SamplingParams
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -68,36 +68,11 @@ class RequestSeeds:
         self.generator.set_state(state)
 
 
-class SeededEngine(Engine):
-    """One engine with request seeding: ``generate`` draws the seeds and passes them as ``seeds=``.
+class SeedStateMixin:
+    """``set_seed`` / ``rng_state`` / ``set_rng_state`` of an engine that draws request seeds from
+    ``self.seeds`` (a :class:`RequestSeeds`)."""
 
-    ``set_seed`` / ``rng_state`` / ``set_rng_state`` act on the seed RNG; other
-    attributes (``model``, ``eos_ids``, ...) are the wrapped engine's.
-    """
-
-    def __init__(self, engine: Engine, seed: int = 0) -> None:
-        self.inner = engine
-        self.seeds = RequestSeeds(seed)
-        self.supports_top_logprobs = engine.supports_top_logprobs
-        self.supports_ignore_eos = engine.supports_ignore_eos
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        return self.inner.generate(prompts, params, seeds=self.seeds.draw(len(prompts)))
-
-    def score(self, contexts, continuations) -> list[np.ndarray]:
-        return self.inner.score(contexts, continuations)
-
-    def sync(self, state_dict=None) -> None:
-        self.inner.sync(state_dict)
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def close(self) -> None:
-        self.inner.close()
+    seeds: RequestSeeds
 
     def set_seed(self, seed: int) -> None:
         self.seeds.set_seed(seed)
@@ -107,3 +82,20 @@ class SeededEngine(Engine):
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.seeds.set_rng_state(state)
+
+
+class SeededEngine(SeedStateMixin, EngineWrapper):
+    """One engine with request seeding: ``generate`` draws the seeds and passes them as ``seeds=``.
+
+    ``set_seed`` / ``rng_state`` / ``set_rng_state`` act on the seed RNG; other
+    attributes (``model``, ``eos_ids``, ...) are the wrapped engine's.
+    """
+
+    def __init__(self, engine: Engine, seed: int = 0) -> None:
+        super().__init__(engine)
+        self.seeds = RequestSeeds(seed)
+        self.supports_top_logprobs = engine.supports_top_logprobs
+        self.supports_ignore_eos = engine.supports_ignore_eos
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        return self.inner.generate(prompts, params, seeds=self.seeds.draw(len(prompts)))

@@ -23,9 +23,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.base import Engine, EngineWrapper, Generation, SamplingParams
 
 
 @dataclass
@@ -75,7 +73,7 @@ class TokenBudget:
         return out
 
 
-class BudgetedEngine(Engine):
+class BudgetedEngine(EngineWrapper):
     """An engine wrapper that counts generated tokens and never lets them pass ``budget.limit``.
 
     ``generate`` clips ``max_new_tokens`` to ``left // len(prompts)`` when the worst
@@ -85,11 +83,8 @@ class BudgetedEngine(Engine):
     """
 
     def __init__(self, engine: Engine, budget: TokenBudget) -> None:
-        self.inner = engine
+        super().__init__(engine)  # rng_state, set_seed, model, ... are the wrapped engine's
         self.budget = budget
-
-    def __getattr__(self, name):  # rng_state, set_seed, model, ... of the wrapped engine
-        return getattr(self.inner, name)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         b = self.budget
@@ -103,15 +98,3 @@ class BudgetedEngine(Engine):
         gens = self.inner.generate(prompts, params)
         b.spent += sum(len(g.ids) for g in gens)
         return gens
-
-    def score(self, contexts, continuations) -> list[np.ndarray]:
-        return self.inner.score(contexts, continuations)
-
-    def sync(self, state_dict=None) -> None:
-        self.inner.sync(state_dict)
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def close(self) -> None:
-        self.inner.close()
