@@ -210,3 +210,25 @@ def test_readme_quickstart_block_drops_progress_bars():
         mod.quickstart_block(log)
         == "```\n[1/3] build\n[2/3] GRPO\n      done in 211s\n\nSFT start 0.312\n```\n"
     )
+
+
+def test_results_page_cites_the_options_that_shape_results_not_where_files_go():
+    from horizonrl.cli import _reproduce_command, build_parser
+
+    argv = ["reproduce", "rtpo", "--jobs", "2", "--out", "/scratch/x", "--results", "/tmp/r", "--report-only"]
+    assert _reproduce_command(build_parser().parse_args(argv)) == "horizonrl reproduce rtpo --jobs 2"
+    argv = [
+        "reproduce",
+        "ccpo",
+        "--seeds",
+        "3",
+        "--set",
+        "sft.epochs=3",
+        "--set",
+        "env.knobs={a: 1}",
+        "--force",
+    ]
+    assert (
+        _reproduce_command(build_parser().parse_args(argv))
+        == "horizonrl reproduce ccpo --seeds 3 --set sft.epochs=3 --set 'env.knobs={a: 1}' --force"
+    )

@@ -82,6 +82,29 @@ def _cmd_quickstart(args) -> int:
     return 0
 
 
+def _reproduce_command(args) -> str:
+    """The command a results page cites: the options that shape the results (``--out``, ``--results``
+    and ``--report-only`` only say where files go or skip the runs, so they are left out)."""
+    import shlex
+
+    parts = ["horizonrl", "reproduce", args.name]
+    for flag, value in (
+        ("--seeds", args.seeds),
+        ("--arms", args.arms),
+        ("--budget", args.budget),
+        ("--eval-tasks", args.eval_tasks),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    for item in args.set or ():
+        parts += ["--set", item]
+    if args.jobs != 1:
+        parts += ["--jobs", str(args.jobs)]
+    if args.force:
+        parts.append("--force")
+    return shlex.join(parts)
+
+
 def _cmd_reproduce(args) -> int:
     from pathlib import Path
 
@@ -117,7 +140,7 @@ def _cmd_reproduce(args) -> int:
             paper,
             settings,
             results_dir=None if args.results in ("", "none") else Path(args.results),
-            command="horizonrl reproduce " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.name]),
+            command=_reproduce_command(args),
             report_only=args.report_only,
         )
     except GateError as e:

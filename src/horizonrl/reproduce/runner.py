@@ -262,7 +262,7 @@ def run_jobs(paper: Paper, settings: Settings, jobs: list[Job]) -> None:
         t0 = time.perf_counter()
         with open(job.out_dir / "log.txt", "w") as log:
             rc = subprocess.run(
-                [sys.executable, "-m", "horizonrl.reproduce.runner", job.to_json(paper, settings)],
+                [sys.executable, "-m", "horizonrl.reproduce", job.to_json(paper, settings)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -365,7 +365,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"horizonrl reproduce: error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - the subprocess entry point
-    sys.exit(main())
