@@ -239,3 +239,49 @@ def test_expert_program_warm_start_matches_the_demo_records(renderer):
     assert len(rows) == len(expected) >= 2
     for got, want in zip(rows, expected, strict=True):
         assert got.input_ids == want.input_ids and got.trainable == want.trainable
+
+
+def test_clean_labels_train_noise_steps_on_the_experts_correction(renderer):
+    """``sft.labels: clean`` (DART): the same prompts as the executed demos; a noise step's target is
+    the noise-free expert's command at that state, replayed here from the executed actions."""
+    from horizonrl.config import from_dict
+    from horizonrl.envs.rooms import expert_command
+    from horizonrl.train.recipes import expert_program_rows
+
+    def rows(labels):
+        cfg = {
+            "env": {"name": "rooms", "knobs": ROOMS, "seed": 5},
+            "rollout": {"agent": "stepwise", "agent_params": {"tools": False}, "max_turns": 12},
+            "train": {"seed": 7},
+            "sft": {"demos": 1, "noise": 0.4, "labels": labels},
+        }
+        out = expert_program_rows(from_dict(cfg), renderer, renderer.tokenizer)
+        split = [
+            (
+                [i for i, t in zip(r.input_ids, r.trainable, strict=True) if not t],
+                [i for i, t in zip(r.input_ids, r.trainable, strict=True) if t],
+            )
+            for r in out
+        ]
+        return [(p, renderer.tokenizer.decode(a).removesuffix("<|im_end|>")) for p, a in split]
+
+    executed, clean = rows("executed"), rows("clean")
+    env = get_env("rooms")(**ROOMS)
+    env.reset(get_env("rooms").make_tasks(1, seed=5, split="train", **ROOMS)[0])
+    assert len(executed) == len(clean) >= 4
+    relabeled = 0
+    for (prompt, action), (clean_prompt, target) in zip(executed, clean, strict=True):
+        assert clean_prompt == prompt
+        assert target == format_tool_call("act", {"command": expert_command(env.state)})
+        relabeled += target != action
+        env.step(action)
+    assert 0 < relabeled < len(executed)
+
+
+def test_clean_labels_need_agent_program_demos():
+    from horizonrl.config import ConfigError, from_dict
+    from horizonrl.train.recipes import run_sft
+
+    cfg = from_dict({"env": {"name": "arithmetic"}, "sft": {"labels": "clean"}})
+    with pytest.raises(ConfigError, match=r"sft\.labels='clean'"):
+        run_sft(cfg)

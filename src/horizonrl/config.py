@@ -621,6 +621,13 @@ class SFTConfig(_Section):
     )
     demos: int = opt(400, "demonstrations to generate when data is null", ge=1, le=10**7)
     noise: float = opt(0.3, "expert noise of generated demonstrations", ge=0.0, le=1.0)
+    labels: str = opt(
+        "executed",
+        "targets of a noisy step in agent-program demos: 'executed' = the noise action taken; 'clean' = "
+        "the noise-free expert's action at that state (DART, Laskey et al. 2017), while the episode "
+        "continues from the action taken",
+        choices=("executed", "clean"),
+    )
     epochs: int = opt(3, "passes over the demonstrations", ge=1, le=10**5)
     batch_size: int = opt(16, "demonstrations per optimizer step", ge=1, le=2**16)
     lr: float = opt(1e-3, "AdamW learning rate", gt=0.0, le=1.0)

@@ -125,6 +125,7 @@ def generation_turn(prompt, gen: Generation, spans=None) -> Turn:
         truncated=gen.finish_reason == "length",
         spans=list(spans or []),
         temperature=gen.meta.get("temperature"),
+        info={"label_ids": list(gen.meta["label_ids"])} if "label_ids" in gen.meta else {},
     )
 
 

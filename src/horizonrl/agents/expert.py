@@ -12,6 +12,12 @@ the policy will see, so supervised warm starts need no second formatter::
     rows = build_rows(rollouts)          # every generated token trainable
 
 Log-probs of expert tokens are reported as 0.0 (they are not sampled).
+
+With ``clean_labels=True`` a step whose text differs from the noise-free
+expert's (a noise action) also carries that noise-free action's ids in
+``Generation.meta["label_ids"]`` (copied to ``Turn.info["label_ids"]``): SFT can
+then train the state a noise action led to on the expert's correction while the
+episode continues from the action taken (DART; ``sft.labels: clean``).
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams
 class ExpertEngine(Engine):
     """Replies with ``request.expert(rng, noise)`` + end-of-turn, cut to ``max_new_tokens``."""
 
-    def __init__(self, tokenizer, *, eos_id: int, seed: int = 0, noise: float = 0.0) -> None:
+    def __init__(
+        self, tokenizer, *, eos_id: int, seed: int = 0, noise: float = 0.0, clean_labels: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_id = int(eos_id)
         self.rng = random.Random(seed)
         self.noise = float(noise)
+        self.clean_labels = bool(clean_labels)
 
     def generate_requests(self, requests: Sequence[Generate]) -> list[Generation]:
         out = []
@@ -42,12 +51,21 @@ class ExpertEngine(Engine):
                     "ExpertEngine got a request without an expert; the agent program must set one"
                 )
             text = req.expert(self.rng, self.noise)
-            ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos_id]
+            ids = self._ids(text)
             cut = len(ids) > req.params.max_new_tokens
             ids = ids[: req.params.max_new_tokens]
             shown = self.tokenizer.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids)
-            out.append(Generation(ids, [0.0] * len(ids), shown, "length" if cut else "stop"))
+            gen = Generation(ids, [0.0] * len(ids), shown, "length" if cut else "stop")
+            if self.clean_labels and self.noise > 0:
+                # a fixed rng: the noise-free expert's draw must not shift the noisy stream
+                clean = req.expert(random.Random(0), 0.0)
+                if clean != text:
+                    gen.meta["label_ids"] = self._ids(clean)[: req.params.max_new_tokens]
+            out.append(gen)
         return out
+
+    def _ids(self, text: str) -> list[int]:
+        return [*self.tokenizer.encode(text, add_special_tokens=False), self.eos_id]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         raise TypeError("ExpertEngine answers Generate requests (drive() calls generate_requests)")

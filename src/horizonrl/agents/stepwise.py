@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from horizonrl.agents.context import generation_turn
 from horizonrl.agents.driver import Generate, Program
 from horizonrl.agents.react import apply_result
 from horizonrl.agents.registry import AgentSpec, register_agent
@@ -51,7 +52,7 @@ from horizonrl.envs import get_env
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import SamplingParams
-from horizonrl.trajectory import Rollout, Segment, Turn
+from horizonrl.trajectory import Rollout, Segment
 
 DEFAULT_HISTORY = 2  # K_H, paper Table S2 ("Prompt history (steps): 2")
 MAX_ACTION_CHARS = 200  # a history action that is not a single one-argument call is cut to this
@@ -246,18 +247,12 @@ def _program(env: Env, task: Task, spec: AgentSpec, uid: str, group_id: str, fmt
             termination = "context"
             break
         gen = yield Generate(prompt, params, expert=lambda rng, noise: env.expert_action(rng, noise))
-        turn = Turn(
-            prompt_ids=prompt,
-            response_ids=list(gen.ids),
-            logprobs=list(gen.logprobs),
-            response_text=gen.text,
-            truncated=gen.finish_reason == "length",
-        )
+        turn = generation_turn(prompt, gen)
         result = env.step(gen.text)
         apply_result(turn, result)
         reason = invalid_reason(result)
         turn.invalid = reason is not None
-        turn.info = {"step": state.step, "history": shown, "invalid_reason": reason}
+        turn.info.update(step=state.step, history=shown, invalid_reason=reason)
         seg.turns.append(turn)
         if result.done:
             rollout.success = bool(result.success)

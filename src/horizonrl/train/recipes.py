@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.agents import AgentSpec, LoopLimits
-from horizonrl.config import RunConfig, load_config
+from horizonrl.config import ConfigError, RunConfig, load_config
 from horizonrl.inference.base import SamplingParams
 from horizonrl.train.bootstrap import generate_demos, load_policy, read_demos, resolve_device, write_demos
 from horizonrl.train.checks import check_run, ensure_dir
@@ -28,10 +28,17 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
 
     check_run(cfg, trainer=False)
     demos = read_demos(cfg.sft.data) if cfg.sft.data is not None else None  # fail before any work
+    programs = demos is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append")
+    if cfg.sft.labels == "clean" and not programs:
+        raise ConfigError(
+            "sft.labels='clean' relabels agent-program demos; it needs sft.data=null and an agent other "
+            f"than react with context append (got rollout.agent={cfg.rollout.agent!r}, "
+            f"rollout.context={cfg.rollout.context!r}, sft.data={cfg.sft.data!r})"
+        )
     out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
-    if demos is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append"):
+    if programs:
         rows = expert_program_rows(cfg, ChatRenderer(tok), tok)
     elif demos is None:
         demos = generate_demos(
@@ -65,7 +72,17 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     return out
 
 
-def expert_groups(cfg: RunConfig, renderer, tok, *, n_tasks: int, group_size: int, seed: int, run_dir=None):
+def expert_groups(
+    cfg: RunConfig,
+    renderer,
+    tok,
+    *,
+    n_tasks: int,
+    group_size: int,
+    seed: int,
+    run_dir=None,
+    clean_labels=False,
+):
     """``group_size`` rollouts of ``n_tasks`` training tasks by the configured agent program driven by
     the scripted expert at ``sft.noise`` (:class:`~horizonrl.agents.expert.ExpertEngine`): warm-start
     demonstrations of any protocol, and the regime checks of :mod:`horizonrl.reproduce.checks`."""
@@ -86,7 +103,9 @@ def expert_groups(cfg: RunConfig, renderer, tok, *, n_tasks: int, group_size: in
         agent_params=dict(r.agent_params),
         make_env=setup.make,
     )
-    engine = ExpertEngine(tok, eos_id=renderer.eos_id, seed=seed, noise=cfg.sft.noise)
+    engine = ExpertEngine(
+        tok, eos_id=renderer.eos_id, seed=seed, noise=cfg.sft.noise, clean_labels=clean_labels
+    )
     return collect_groups(
         engine, renderer, spec.make_env, tasks, group_size, params, limits, agent=r.agent, spec=spec
     )
@@ -97,14 +116,30 @@ def expert_program_rows(cfg: RunConfig, renderer, tok) -> list:
 
     Multi-session protocols (compaction summaries, fork calls, subagent sessions)
     are recorded exactly as the policy will see them; every generated token is
-    trainable. ``sft.demos`` rollouts, one per training task.
+    trainable. ``sft.demos`` rollouts, one per training task. With ``sft.labels: clean`` a noise
+    action's tokens are replaced by the noise-free expert's action at that state (its row then ends
+    there; the next turn's own prompt, which shows the action taken, starts a new row).
     """
     from horizonrl.trajectory import build_rows
 
+    clean = cfg.sft.labels == "clean"
     groups = expert_groups(
-        cfg, renderer, tok, n_tasks=cfg.sft.demos, group_size=1, seed=cfg.train.seed, run_dir=cfg.sft.out_dir
+        cfg,
+        renderer,
+        tok,
+        n_tasks=cfg.sft.demos,
+        group_size=1,
+        seed=cfg.train.seed,
+        run_dir=cfg.sft.out_dir,
+        clean_labels=clean,
     )
-    return build_rows([ro for g in groups for ro in g.rollouts])
+    rollouts = [ro for g in groups for ro in g.rollouts]
+    if clean:
+        for turn in (t for ro in rollouts for t in ro.turns):
+            if "label_ids" in turn.info:
+                turn.response_ids = list(turn.info["label_ids"])
+                turn.logprobs = [0.0] * len(turn.response_ids)
+    return build_rows(rollouts)
 
 
 def evaluate_model(
