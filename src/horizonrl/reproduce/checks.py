@@ -5,9 +5,10 @@ exercised by the task: sessions whose count varies within outcome subgroups
 (Mosaic), memories with more records than the reconstruction keeps (ECHO),
 observation text shared by different hidden states (CCPO). Each check runs the
 configured agent program with :class:`~horizonrl.agents.expert.ExpertEngine` at
-the warm start's noise (``sft.noise``), so it measures what the warm start will
-imitate, and returns rows ``{"name", "value", "target", "ok"}`` that the harness
-prints and records (a failed row refuses RL like the gate; ``--force`` overrides).
+the warm start's noise (``sft.noise``), so it measures the episodes the warm start
+learns from (with ``sft.labels: clean`` their states, not their noise actions), and
+returns rows ``{"name", "value", "target", "ok"}`` that the harness prints and
+records (a failed row refuses RL like the gate; ``--force`` overrides).
 """
 
 from __future__ import annotations
