@@ -38,22 +38,23 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
+    renderer = ChatRenderer(tok)
     if programs:
-        rows = expert_program_rows(cfg, ChatRenderer(tok), tok)
-    elif demos is None:
-        demos = generate_demos(
-            cfg.env.name,
-            cfg.sft.demos,
-            seed=cfg.train.seed,
-            noise=cfg.sft.noise,
-            max_turns=cfg.rollout.max_turns,
-            knobs=dict(cfg.env.knobs),
-            task_seed=cfg.env.seed,
-            setup=env_setup(cfg.env, run_dir=out),
-        )
-        write_demos(out / "demos.jsonl", demos)
-    if cfg.sft.data is not None or (cfg.rollout.agent == "react" and cfg.rollout.context == "append"):
-        rows = demo_rows(ChatRenderer(tok), demos)
+        rows = expert_program_rows(cfg, renderer, tok)
+    else:
+        if demos is None:
+            demos = generate_demos(
+                cfg.env.name,
+                cfg.sft.demos,
+                seed=cfg.train.seed,
+                noise=cfg.sft.noise,
+                max_turns=cfg.rollout.max_turns,
+                knobs=dict(cfg.env.knobs),
+                task_seed=cfg.env.seed,
+                setup=env_setup(cfg.env, run_dir=out),
+            )
+            write_demos(out / "demos.jsonl", demos)
+        rows = demo_rows(renderer, demos)
     device = resolve_device(cfg.model.device)
     model.to(device)
     sft_train(
