@@ -259,6 +259,7 @@ def mosaic() -> Paper:
             "optim.lr=1.0e-4",
             "sft.demos=2000",
             "sft.epochs=3",
+            "sft.labels=clean",
         ),
         scenarios={
             # Mixed 2-3-hop tasks, a session limit that fits about two searches, at most two successful
@@ -268,7 +269,7 @@ def mosaic() -> Paper:
                 f"env.knobs={{hops: [2, 3], obs_facts: 3, {lookup}, "
                 "noise_kinds: {guess: 0.5, redundant: 3}}",
                 "rollout.context=compaction",
-                "rollout.context_budget=460",
+                "rollout.context_budget=520",
                 "rollout.max_turns=10",
                 "rollout.context_params={max_compactions: 2, reserve: 48, summary_max_tokens: 96, "
                 "prompts: short}",
@@ -357,8 +358,8 @@ def mosaic() -> Paper:
         notes=(
             "Task: `lookup` over generated fact bases with numeric entity codes (the tiny model fails to "
             "copy syllable names, even as single tokens: warm-start pass@1 0.07). Compaction: mixed "
-            "2-3-hop questions, sessions of 460 tokens (about two searches), at most 2 compactions, "
-            "summaries sampled at the paper's temperature 0.1 (trained at it). Forking: 2-hop questions, up "
+            "2-3-hop questions, sessions of 520 tokens (about two searches; an entity code is 3-4 "
+            "tokens), at most 2 compactions, summaries sampled at the paper's temperature 0.1 (trained at it). Forking: 2-hop questions, up "
             "to 3 subagents per fork call. Model: the embedded tiny model (hidden 128 x 4)."
         ),
     )
