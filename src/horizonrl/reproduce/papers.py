@@ -282,6 +282,7 @@ def mosaic() -> Paper:
                 f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, "
                 "fork_noise_kinds: {direct: 2, redundant: 1, irrelevant: 1, guess: 0.5}}",
                 "rollout.context=append",
+                "rollout.context_params={}",
                 "rollout.agent=fork",
                 "rollout.agent_params={max_subagents: 3, max_forks: 10, prompts: short}",
                 "rollout.context_budget=1024",
@@ -308,13 +309,13 @@ def mosaic() -> Paper:
             ),
             Arm(
                 "broadcast",
-                ("algo.estimator=broadcast",),
+                ("algo.estimator=broadcast", "algo.estimator_params={}"),
                 scenario="compaction",
                 help="one GRPO advantage on every session, per-rollout token weighting",
             ),
             Arm(
                 "igpo",
-                ("algo.estimator=igpo", "algo.kl_coef=0.001"),
+                ("algo.estimator=igpo", "algo.estimator_params={}", "algo.kl_coef=0.001"),
                 scenario="compaction",
                 help="turn-level information gain (IGPO), KL 0.001",
             ),
@@ -334,7 +335,10 @@ def mosaic() -> Paper:
                 help="Eq. 14 only, forking",
             ),
             Arm(
-                "fork_broadcast", ("algo.estimator=broadcast",), scenario="fork", help="broadcasting, forking"
+                "fork_broadcast",
+                ("algo.estimator=broadcast", "algo.estimator_params={}"),
+                scenario="fork",
+                help="broadcasting, forking",
             ),
         ),
         comparisons=(
@@ -359,8 +363,9 @@ def mosaic() -> Paper:
             "Task: `lookup` over generated fact bases with numeric entity codes (the tiny model fails to "
             "copy syllable names, even as single tokens: warm-start pass@1 0.07). Compaction: mixed "
             "2-3-hop questions, sessions of 520 tokens (about two searches; an entity code is 3-4 "
-            "tokens), at most 2 compactions, summaries sampled at the paper's temperature 0.1 (trained at it). Forking: 2-hop questions, up "
-            "to 3 subagents per fork call. Model: the embedded tiny model (hidden 128 x 4)."
+            "tokens), at most 2 compactions, summaries sampled at the paper's temperature 0.1 (trained at "
+            "it). Forking: 2-hop questions, up to 3 subagents per fork call. Model: the embedded tiny "
+            "model (hidden 128 x 4)."
         ),
     )
 
@@ -430,10 +435,15 @@ def echo() -> Paper:
                 scenario="memory",
                 help="w/o traceable credit: dense, signed (plain GRPO over ECHO rollouts)",
             ),
-            Arm("supo", ("algo.estimator=supo",), scenario="summary", help="SUPO rolling summaries"),
+            Arm(
+                "supo",
+                ("algo.estimator=supo", "algo.estimator_params={}"),
+                scenario="summary",
+                help="SUPO rolling summaries",
+            ),
             Arm(
                 "grpo_truncate",
-                ("algo.estimator=grpo",),
+                ("algo.estimator=grpo", "algo.estimator_params={}"),
                 scenario="append",
                 help="GRPO, one context, generations truncated to fit",
             ),
