@@ -373,16 +373,19 @@ def mosaic() -> Paper:
 # ---------------------------------------------------------------- ECHO
 
 
-def _echo_checks(cfg):
-    from horizonrl.reproduce.checks import echo_checks, with_overrides
+def _echo_scenario(cfg, name: str):
+    """``cfg`` (the memory scenario's stage config) with ECHO's scenario ``name`` declared on top."""
+    from horizonrl.config import apply_overrides, from_dict
 
-    supo = with_overrides(
-        cfg,
-        rollout={"context": "summary", "context_params": {"max_summaries": 5, "summary_tokens": 96,
-                                                          "summary_budget": 1024}},
-    )  # fmt: skip
-    append = with_overrides(cfg, rollout={"context": "append", "context_params": {}})
-    return echo_checks(cfg, supo=supo, append=append)
+    return from_dict(apply_overrides(cfg.to_dict(), list(echo().scenarios[name])))
+
+
+def _echo_checks(cfg):
+    from horizonrl.reproduce.checks import echo_checks
+
+    if cfg.rollout.context != "memory":
+        return []  # SUPO's volume and the truncation ceiling are rows of the memory scenario's checks
+    return echo_checks(cfg, supo=_echo_scenario(cfg, "summary"), append=_echo_scenario(cfg, "append"))
 
 
 @register_paper("echo")
@@ -400,8 +403,8 @@ def echo() -> Paper:
             "env.knobs={hops: [2, 3, 4], n_entities: 4, obs_facts: 4, names: code, "
             "noise_kinds: {distractor: 2, redundant: 1}}",
             "env.train_tasks=4000",
-            "rollout.context_budget=720",
-            "rollout.max_new_tokens=56",
+            "rollout.context_budget=920",
+            "rollout.max_new_tokens=72",
             "rollout.max_turns=12",
             "rollout.group_size=8",
             "rollout.tasks_per_step=4",
@@ -414,7 +417,7 @@ def echo() -> Paper:
             "memory": (
                 "rollout.context=memory",
                 "rollout.context_params={max_selected: 1, keep_latest: 1, max_reconstructions: 5, "
-                "selection_tokens: 48, selection_budget: 1024}",
+                "selection_tokens: 48, selection_budget: 1536}",
             ),
             "summary": (
                 "rollout.context=summary",
@@ -467,7 +470,8 @@ def echo() -> Paper:
         notes=(
             "Task: `lookup` with mixed 2-4-hop questions, 4 distractor facts per search, numeric entity "
             "codes; the expert's mistakes are irrelevant or repeated searches (irrelevant turn records). "
-            "ECHO: K = 1 latest record kept, S = 1 selected, at most 5 reconstructions, budget B = 720. "
+            "ECHO: K = 1 latest record kept, S = 1 selected, at most 5 reconstructions, budget B = 920 "
+            "(a reply is up to 72 tokens: an entity code is 3-4 tokens). "
             "Each protocol has its own warm start (recorded by running its agent program with the expert); "
             "overlong rollouts are failures in ECHO's baseline (paper Sec. 5.1). Model: hidden 128 x 4."
         ),
