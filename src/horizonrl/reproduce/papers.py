@@ -350,6 +350,7 @@ def mosaic() -> Paper:
         ),
         budget_tokens=200_000,
         eval_tasks=256,
+        seeds=3,  # seven arms in two scenarios: 3 seeds (the minimum) keep each arm near 20 minutes
         diagnostics=(
             "rollout/sessions_mean",
             "rollout/sessions_compaction_mean",
