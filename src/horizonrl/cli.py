@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("reproduce", help="seeded paired reproduction of a paper's comparison")
     sp.add_argument("name", nargs="?", default=None, help="rtpo | ccpo | mosaic | echo (omit to list)")
-    sp.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: the paper's, 5)")
+    sp.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: the paper's own)")
     sp.add_argument("--jobs", type=int, default=1, help="arm-seed runs in parallel (one torch thread each)")
     sp.add_argument("--arms", default=None, help="comma-separated subset of the arms")
     sp.add_argument("--out", default="runs/reproduce", help="where runs and the cached warm start live")
