@@ -71,6 +71,9 @@ def results_block() -> str:
             why = f"not run: warm-start pass@1 {w['pass@1']:.3f} outside the gate {res['setup']['gate']}"
             lines.append(f"| [{name}](docs/results/{name}.md) | – | – | {why} | – | – |")
             continue
+        for s, r in (res.get("refused_scenarios") or {}).items():
+            why = f"not run: warm-start pass@1 {r['pass@1']:.3f} outside the gate {res['setup']['gate']}"
+            lines.append(f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {why} | – | – |")
         for c in res["comparisons"]:
             t = c["t"]
             ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"

@@ -150,6 +150,45 @@ def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
         assert cfg["train"]["init"].endswith("warmstart_short/sft" if arm == "a" else "warmstart_long/sft")
 
 
+def test_a_refused_scenario_is_recorded_while_the_other_scenarios_run(tmp_path):
+    def checks(cfg):  # the "long" scenario misses its regime target
+        n = cfg.rollout.max_turns
+        return [{"name": "turns", "value": n, "target": "1", "ok": n == 1}]
+
+    paper = _paper(
+        arms=(Arm("a", scenario="short"), Arm("b", ("algo.estimator=rloo",), scenario="long")),
+        comparisons=(Comparison("b", "a", "b > a"),),
+        scenarios={"short": ("rollout.max_turns=1",), "long": ("rollout.max_turns=2",)},
+        checks=checks,
+        budget_tokens=120,
+        seeds=1,
+    )
+    settings = Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None)
+    with pytest.raises(
+        GateError, match=r"scenario 'long': regime check \(long\) turns = 2 .*other scenarios ran"
+    ):
+        reproduce(paper, settings, results_dir=tmp_path)
+    root = tmp_path / "runs" / "mini"
+    assert (root / "a" / "seed_0" / "result.json").exists() and not (root / "b").exists()
+    data = json.loads((tmp_path / "mini.json").read_text())
+    assert data["status"] == "partial" and set(data["arms"]) == {"a"}
+    assert data["comparisons"] == []  # b - a needs the refused arm
+    long = data["refused_scenarios"]["long"]
+    assert long["arms"] == ["b"] and long["pass@1"] == data["warm_starts"]["long"]["pass@1"]
+    page = (tmp_path / "mini.md").read_text()
+    assert "## Scenarios not run" in page and "**`long`** (arms `b`)" in page and "turns = 2" in page
+    # The README's summary says which scenario did not run, next to the rows of the ones that did.
+    mod = _update_readme()
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "mosaic.json").write_text(json.dumps(data))
+    mod.ROOT = tmp_path
+    row = [r for r in mod.results_block().splitlines() if r.startswith("| [mosaic]")]
+    assert row == [
+        f"| [mosaic](docs/results/mosaic.md) | scenario `long` | – | not run: warm-start pass@1 "
+        f"{long['pass@1']:.3f} outside the gate [0.0, 1.0] | – | – |"
+    ]
+
+
 def _update_readme():
     """``scripts/update_readme.py`` as a module (scripts are not a package)."""
     import importlib.util

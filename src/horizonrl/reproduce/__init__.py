@@ -10,6 +10,7 @@ t-intervals over seeds and a task bootstrap, and a results page
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +42,41 @@ def reproduce(
             flag = "" if c.get("ok", True) else "  FAILED"
             log(f"[check{tag}] {c['name']} = {c['value']} (target {c['target']}){flag}")
         metas[scenario] = meta
-    try:
-        for scenario, meta in metas.items():
+    refused: dict[str, str] = {}
+    for scenario, meta in metas.items():
+        try:
             check_gate(paper, meta, settings, scenario)
-    except GateError as e:  # the measured regime is a finding too: recorded, then refused
+        except GateError as e:
+            refused[scenario] = str(e)
+    if refused and len(refused) == len(metas):  # the measured regime is a finding too: recorded, refused
+        reason = "; ".join(refused.values())
         if results_dir is not None:
             page = write_page(
-                gate_refusal(paper, settings, metas, str(e)),
+                gate_refusal(paper, settings, metas, reason),
                 Path(results_dir),
                 command=command or f"horizonrl reproduce {paper.name}",
                 diag_keys=[],
             )
             log(f"[report] {page} (gate refused)")
-        raise
+        raise GateError(reason)
+    if refused:  # a scenario that passed still runs; the refused one is recorded on the page
+        arms = [
+            a for a in (settings.arms or [a.name for a in paper.arms]) if paper.arm(a).scenario not in refused
+        ]
+        settings = dataclasses.replace(settings, arms=tuple(arms))
+        for scenario, reason in refused.items():
+            log(f"[gate ({scenario})] refused, its arms do not run: {reason}")
     jobs, starts = plan(paper, settings)
     if not report_only:
         run_jobs(paper, settings, jobs)
     res = collect(paper, settings, metas, jobs, starts)
+    if refused:
+        res["status"] = "partial"
+        res["refused_scenarios"] = {
+            s: {"reason": r, "pass@1": metas[s]["gate"]["pass@1"],
+                "arms": [a.name for a in paper.arms if a.scenario == s]}
+            for s, r in refused.items()
+        }  # fmt: skip
     for c in res["comparisons"]:
         t = c["t"]
         ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"
@@ -70,6 +89,10 @@ def reproduce(
             diag_keys=list(paper.diagnostics),
         )
         log(f"[report] {page}")
+    if refused:
+        raise GateError(
+            "; ".join(f"scenario {k!r}: {v}" for k, v in refused.items()) + " (the other scenarios ran)"
+        )
     return res
 
 

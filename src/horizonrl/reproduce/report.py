@@ -275,7 +275,7 @@ Checks of the regime with the scripted expert at the warm start's noise, before 
 
 ## Results
 
-{_refused_text(res) if refused else _results_text(res, diag_keys)}"""
+{_refused_text(res) if refused else _results_text(res, diag_keys) + _partial_text(res)}"""
     path = results_dir / f"{name}.md"
     path.write_text(page)
     return path
@@ -292,6 +292,23 @@ Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, s
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)
 """
+
+
+def _partial_text(res: dict[str, Any]) -> str:
+    """The scenarios whose gate refused while others ran (status ``partial``); empty otherwise."""
+    refused = res.get("refused_scenarios") or {}
+    if not refused:
+        return ""
+    lines = ["", "## Scenarios not run", ""]
+    for s, r in refused.items():
+        arms = ", ".join(f"`{a}`" for a in r["arms"])
+        lines.append(f"- **`{s}`** (arms {arms}): the gate refused to start RL. {r['reason']}.")
+    lines += [
+        "",
+        "Their comparisons are not reported: nothing about the paper's claim in that scenario was measured.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def _refused_text(res: dict[str, Any]) -> str:
