@@ -122,14 +122,9 @@ def test_gate_refuses_with_the_measured_value_and_the_knob(tmp_path):
     assert not (tmp_path / "mini_curves.png").exists()
 
 
-def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
-    calls = []
-
-    def checks(cfg):
-        calls.append(cfg.rollout.max_turns)
-        return [{"name": "turns", "value": cfg.rollout.max_turns, "target": "report", "ok": True}]
-
-    paper = _paper(
+def _two_scenarios(checks) -> Paper:
+    """Arm ``a`` in scenario ``short`` (1 turn), arm ``b`` (RLOO) in ``long`` (2 turns), one seed."""
+    return _paper(
         arms=(Arm("a", scenario="short"), Arm("b", ("algo.estimator=rloo",), scenario="long")),
         comparisons=(Comparison("b", "a", "b > a"),),
         scenarios={"short": ("rollout.max_turns=1",), "long": ("rollout.max_turns=2",)},
@@ -137,6 +132,16 @@ def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
         budget_tokens=120,
         seeds=1,
     )
+
+
+def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
+    calls = []
+
+    def checks(cfg):
+        calls.append(cfg.rollout.max_turns)
+        return [{"name": "turns", "value": cfg.rollout.max_turns, "target": "report", "ok": True}]
+
+    paper = _two_scenarios(checks)
     res = reproduce(paper, Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None), results_dir=None)
     root = tmp_path / "runs" / "mini"
     assert (root / "warmstart_short" / "sft" / "config.json").exists()
@@ -155,14 +160,7 @@ def test_a_refused_scenario_is_recorded_while_the_other_scenarios_run(tmp_path):
         n = cfg.rollout.max_turns
         return [{"name": "turns", "value": n, "target": "1", "ok": n == 1}]
 
-    paper = _paper(
-        arms=(Arm("a", scenario="short"), Arm("b", ("algo.estimator=rloo",), scenario="long")),
-        comparisons=(Comparison("b", "a", "b > a"),),
-        scenarios={"short": ("rollout.max_turns=1",), "long": ("rollout.max_turns=2",)},
-        checks=checks,
-        budget_tokens=120,
-        seeds=1,
-    )
+    paper = _two_scenarios(checks)
     settings = Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None)
     with pytest.raises(
         GateError, match=r"scenario 'long': regime check \(long\) turns = 2 .*other scenarios ran"
