@@ -54,6 +54,11 @@ def check_block(log: str) -> str:
     return "```\n" + "\n".join(lines[start : end + 1]) + "\n```\n"
 
 
+def _not_run(warm: dict, res: dict) -> str:
+    """Why a paper (or one of its scenarios) has no comparison rows: its warm start missed the gate."""
+    return f"not run: warm-start pass@1 {warm['pass@1']:.3f} outside the gate {res['setup']['gate']}"
+
+
 def results_block() -> str:
     """One row per reported comparison of every reproduction page that exists."""
     lines = [
@@ -67,13 +72,14 @@ def results_block() -> str:
             continue
         res = json.loads(path.read_text())
         if res.get("status") == "gate_refused":
-            w = res["warm_start"]
-            why = f"not run: warm-start pass@1 {w['pass@1']:.3f} outside the gate {res['setup']['gate']}"
-            lines.append(f"| [{name}](docs/results/{name}.md) | – | – | {why} | – | – |")
+            lines.append(
+                f"| [{name}](docs/results/{name}.md) | – | – | {_not_run(res['warm_start'], res)} | – | – |"
+            )
             continue
         for s, r in (res.get("refused_scenarios") or {}).items():
-            why = f"not run: warm-start pass@1 {r['pass@1']:.3f} outside the gate {res['setup']['gate']}"
-            lines.append(f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {why} | – | – |")
+            lines.append(
+                f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {_not_run(r, res)} | – | – |"
+            )
         for c in res["comparisons"]:
             t = c["t"]
             ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"

@@ -165,11 +165,4 @@ def ccpo_checks(cfg: RunConfig, *, exact: float = 0.5, aliased: float = 0.2) -> 
     ]
 
 
-def with_overrides(cfg: RunConfig, **sections: dict[str, Any]) -> RunConfig:
-    """``cfg`` with some fields of some sections replaced (``rollout={"context": "summary"}``)."""
-    return dataclasses.replace(
-        cfg, **{name: dataclasses.replace(getattr(cfg, name), **values) for name, values in sections.items()}
-    )
-
-
 Check = Callable[[RunConfig], list[Row]]
