@@ -26,7 +26,7 @@ SCENARIOS = [
 # starts to pass should be removed from here, and one that starts to fail is a regression.
 KNOWN_MISSES = {
     # The expert's ECHO rollouts save more tokens than SUPO's: every selection segment repeats the working
-    # context it selects from, and at B = 920 SUPO rarely needs to summarize.
+    # context it selects from, and at B = 920 SUPO rarely needs to summarize (a reported row, gate: false).
     ("echo", "memory"): {"saved tokens per rollout (SUPO)"},
 }
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from horizonrl.reproduce import Arm, Comparison, GateError, Paper, Settings, reproduce
+from horizonrl.reproduce.runner import check_gate
 from horizonrl.reproduce.stats import paired_bootstrap, t_interval
 
 
@@ -185,6 +186,19 @@ def test_a_refused_scenario_is_recorded_while_the_other_scenarios_run(tmp_path):
         f"| [mosaic](docs/results/mosaic.md) | scenario `long` | – | not run: warm-start pass@1 "
         f"{long['pass@1']:.3f} outside the gate [0.0, 1.0] | – | – |"
     ]
+
+
+def test_a_missed_claim_row_is_reported_but_only_a_gating_row_refuses():
+    paper = _paper(gate=(0.0, 1.0))
+    settings = Settings(seeds=1, log=(logged := []).append)
+    claim = {"name": "volume", "value": 2.0, "target": "< 1", "ok": False, "gate": False}
+    meta = {"gate": {"pass@1": 0.5, "tasks": 4, "samples": 1}, "checks": [claim]}
+    check_gate(paper, meta, settings)  # a claim read off the expert's episodes does not refuse RL
+    assert logged == []
+    meta["checks"].append({"name": "turns", "value": 3, "target": "2", "ok": False})  # gate defaults to true
+    with pytest.raises(GateError, match=r"regime check turns = 3 misses its target 2") as e:
+        check_gate(paper, meta, settings)
+    assert "volume" not in str(e.value)
 
 
 def _update_readme():

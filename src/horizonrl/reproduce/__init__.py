@@ -39,7 +39,8 @@ def reproduce(
         gate = list(paper.gate)
         log(f"[gate{tag}] warm-start pass@1 on the training distribution {g['pass@1']:.3f} (gate {gate})")
         for c in meta.get("checks") or []:
-            flag = "" if c.get("ok", True) else "  FAILED"
+            flag = "  missed (reported, not a gate)" if not c.get("gate", True) else "  FAILED"
+            flag = "" if c.get("ok", True) else flag
             log(f"[check{tag}] {c['name']} = {c['value']} (target {c['target']}){flag}")
         metas[scenario] = meta
     refused: dict[str, str] = {}

@@ -410,7 +410,7 @@ def echo() -> Paper:
             "rollout.group_size=8",
             "rollout.tasks_per_step=4",
             "optim.lr=1.0e-4",
-            "sft.demos=3000",
+            "sft.demos=1000",  # an ECHO demo saves ~4,900 tokens: 1,000 x 3 epochs is ~50 min of SFT
             "sft.noise=0.5",
             "sft.epochs=3",
         ),
@@ -459,6 +459,7 @@ def echo() -> Paper:
             Comparison("echo", "echo_dense", "traceable credit > dense signed credit"),
         ),
         budget_tokens=200_000,
+        seeds=3,  # the minimum: three warm starts and 12 arm-seeds fit one session on 2 cores
         diagnostics=(
             "rollout/trajectory_tokens_mean",
             "rollout/processed_tokens_mean",

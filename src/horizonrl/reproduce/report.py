@@ -234,7 +234,7 @@ def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_key
     st = res["setup"]
     checks = "\n".join(
         f"| {c.get('scenario') or '–'} | {c['name']} | {c['value']} | {c['target']} | "
-        f"{'yes' if c.get('ok', True) else 'NO'} |"
+        f"{'yes' if c.get('ok', True) else 'NO' if c.get('gate', True) else 'no (reported, not a gate)'} |"
         for c in res["checks"]
     )
     warm = "\n".join(

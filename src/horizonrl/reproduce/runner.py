@@ -162,7 +162,7 @@ def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str
 
 
 def check_gate(paper: Paper, meta: dict[str, Any], settings: Settings, scenario: str = "") -> None:
-    """Refuse to start RL outside ``paper.gate`` or with a failed regime check (unless ``force``)."""
+    """Refuse to start RL outside ``paper.gate`` or with a failed gating regime check (unless ``force``)."""
     lo, hi = paper.gate
     p = meta["gate"]["pass@1"]
     problems = []
@@ -175,7 +175,7 @@ def check_gate(paper: Paper, meta: dict[str, Any], settings: Settings, scenario:
             f"(sft.noise, sft.demos, sft.epochs) or the task difficulty (env.knobs) with --set, or --force"
         )
     for c in meta.get("checks") or []:
-        if not c.get("ok", True):
+        if not c.get("ok", True) and c.get("gate", True):
             problems.append(f"regime check{where} {c['name']} = {c['value']} misses its target {c['target']}")
     if problems and not settings.force:
         raise GateError("; ".join(problems))

@@ -61,7 +61,8 @@ class Paper:
     max_steps: int = 10_000  # a cap; the token budget ends the runs
     diagnostics: tuple[str, ...] = ()  # metric keys averaged over each run's steps
     #: Checks of the regime before any RL (e.g. with the scripted expert): ``fn(cfg) -> rows``,
-    #: each row ``{"name", "value", "target", "ok"}``; a failed check refuses to start like the gate.
+    #: each row ``{"name", "value", "target", "ok", "gate"}``; a failed row refuses to start like the gate
+    #: unless its ``gate`` is false (a claim reported, not a precondition).
     checks: Callable[[Any], list[dict[str, Any]]] | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
