@@ -278,10 +278,45 @@ def test_clean_labels_train_noise_steps_on_the_experts_correction(renderer):
     assert 0 < relabeled < len(executed)
 
 
-def test_clean_labels_need_agent_program_demos():
+def test_clean_labels_record_agent_program_demos_and_refuse_demo_files(tmp_path):
     from horizonrl.config import ConfigError, from_dict
-    from horizonrl.train.recipes import run_sft
+    from horizonrl.train.recipes import demos_from_programs, run_sft
 
-    cfg = from_dict({"env": {"name": "arithmetic"}, "sft": {"labels": "clean"}})
-    with pytest.raises(ConfigError, match=r"sft\.labels='clean'"):
+    plain = {"env": {"name": "arithmetic"}}  # react + append: the env's message demos...
+    assert not demos_from_programs(from_dict(plain))
+    assert demos_from_programs(from_dict({**plain, "sft": {"labels": "clean"}}))  # ...unless relabeled
+    assert demos_from_programs(from_dict({**plain, "rollout": {"context": "summary"}}))
+    (tmp_path / "d.jsonl").write_text("")
+    cfg = from_dict({**plain, "sft": {"labels": "clean", "data": str(tmp_path / "d.jsonl")}})
+    with pytest.raises(ConfigError, match=r"sft\.labels='clean' .* sft\.data=null"):
         run_sft(cfg)
+
+
+def test_clean_labels_relabel_a_react_agents_noise_searches(renderer):
+    """React + append with clean labels: a distractor search (an entity the context never named) is
+    trained as the noise-free expert's search, which copies an entity from the context before it."""
+    import re
+
+    from horizonrl.config import from_dict
+    from horizonrl.train.recipes import expert_program_rows
+
+    def searches(labels):  # (context before the reply, query) for every search the rows train on
+        cfg = {
+            "env": {"name": "lookup", "knobs": {"hops": 2, "noise_kinds": {"distractor": 1}}, "seed": 3},
+            "rollout": {"max_turns": 8, "max_new_tokens": 64},
+            "sft": {"demos": 8, "noise": 0.5, "labels": labels},
+        }
+        out = []
+        for r in expert_program_rows(from_dict(cfg), renderer, renderer.tokenizer):
+            mask = r.trainable
+            for k, t in enumerate(mask):
+                if t and (k == 0 or not mask[k - 1]):  # a reply starts here
+                    end = next((e for e in range(k, len(mask)) if not mask[e]), len(mask))
+                    reply = renderer.tokenizer.decode(r.input_ids[k:end])
+                    for q in re.findall(r'"query": "([^"]*)"', reply):
+                        out.append((renderer.tokenizer.decode(r.input_ids[:k]), q))
+        return out
+
+    executed, clean = searches("executed"), searches("clean")
+    assert clean and all(q in before for before, q in clean)
+    assert any(q not in before for before, q in executed)  # the noise's searches, imitated as executed

@@ -287,8 +287,8 @@ class LookupEnv(ToolEnv):
             kinds = self.knobs.get("noise_kinds") or {"guess": 1.0, "distractor": 1.0}
             allowed = [(n, float(kinds.get(n, 0))) for n in NOISE_KINDS if kinds.get(n, 0) > 0]
             allowed = [(n, w) for n, w in allowed if n != "distractor" or k < hops]
-            kind = allowed[0][0] if len(allowed) == 1 else _weighted(rng, allowed)
-            if kind == "guess" or not allowed:
+            kind = "guess" if not allowed else allowed[0][0] if len(allowed) == 1 else _weighted(rng, allowed)
+            if kind == "guess":  # also when no declared kind applies (distractor only, at the last hop)
                 return format_answer(rng.choice([e for e in layers[hops] if e != chain[hops]]))
             if kind == "redundant" and st["searched"]:
                 return format_tool_call("search", {"query": rng.choice(st["searched"])})

@@ -22,19 +22,30 @@ def packaged_config(name: str) -> Path:
     return Path(str(resources.files("horizonrl") / "configs" / f"{name}.yaml"))
 
 
+def demos_from_programs(cfg: RunConfig) -> bool:
+    """Whether SFT records its demos by running the agent program with the scripted expert.
+
+    Generated demos (``sft.data`` null) of a react agent with the append context are the env's
+    message demos; every other agent, and ``sft.labels: clean`` (a noise step relabeled with the
+    expert's action at that state), runs the agent program. Demos read from a file cannot be relabeled.
+    """
+    if cfg.sft.data is not None:
+        if cfg.sft.labels == "clean":
+            raise ConfigError(
+                "sft.labels='clean' relabels the demos the scripted expert records; it needs sft.data=null "
+                f"(got sft.data={cfg.sft.data!r})"
+            )
+        return False
+    return cfg.sft.labels == "clean" or cfg.rollout.agent != "react" or cfg.rollout.context != "append"
+
+
 def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> Path:
     """Fine-tune ``model.path`` (or ``train.init``) on demonstrations; save to ``sft.out_dir``."""
     from horizonrl.models import ChatRenderer, save_model_and_tokenizer
 
     check_run(cfg, trainer=False)
+    programs = demos_from_programs(cfg)
     demos = read_demos(cfg.sft.data) if cfg.sft.data is not None else None  # fail before any work
-    programs = demos is None and (cfg.rollout.agent != "react" or cfg.rollout.context != "append")
-    if cfg.sft.labels == "clean" and not programs:
-        raise ConfigError(
-            "sft.labels='clean' relabels agent-program demos; it needs sft.data=null and an agent other "
-            f"than react with context append (got rollout.agent={cfg.rollout.agent!r}, "
-            f"rollout.context={cfg.rollout.context!r}, sft.data={cfg.sft.data!r})"
-        )
     out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
