@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.reproduce.runner import GateError, Settings, check_gate, plan, run_jobs, warm_start
-from horizonrl.reproduce.spec import Arm, Comparison, Paper, get_paper, list_papers, register_paper
+from horizonrl.reproduce.spec import (
+    Arm,
+    Comparison,
+    Paper,
+    check_miss,
+    get_paper,
+    list_papers,
+    register_paper,
+)
 
 
 def reproduce(
@@ -39,9 +47,8 @@ def reproduce(
         gate = list(paper.gate)
         log(f"[gate{tag}] warm-start pass@1 on the training distribution {g['pass@1']:.3f} (gate {gate})")
         for c in meta.get("checks") or []:
-            flag = "  missed (reported, not a gate)" if not c.get("gate", True) else "  FAILED"
-            flag = "" if c.get("ok", True) else flag
-            log(f"[check{tag}] {c['name']} = {c['value']} (target {c['target']}){flag}")
+            miss = f"  {check_miss(c)}" if check_miss(c) else ""
+            log(f"[check{tag}] {c['name']} = {c['value']} (target {c['target']}){miss}")
         metas[scenario] = meta
     refused: dict[str, str] = {}
     for scenario, meta in metas.items():

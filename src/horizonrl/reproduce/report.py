@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.reproduce.spec import Paper
+from horizonrl.reproduce.spec import Paper, check_miss
 from horizonrl.reproduce.stats import Interval, mean_sd, paired_bootstrap, t_interval
 
 
@@ -234,7 +234,7 @@ def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_key
     st = res["setup"]
     checks = "\n".join(
         f"| {c.get('scenario') or '–'} | {c['name']} | {c['value']} | {c['target']} | "
-        f"{'yes' if c.get('ok', True) else 'NO' if c.get('gate', True) else 'no (reported, not a gate)'} |"
+        f"{check_miss(c) or 'yes'} |"
         for c in res["checks"]
     )
     warm = "\n".join(

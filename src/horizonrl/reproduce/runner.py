@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.config import ConfigError, RunConfig, load_config
-from horizonrl.reproduce.spec import Arm, Paper
+from horizonrl.reproduce.spec import Arm, Paper, check_miss
 
 
 class GateError(RuntimeError):
@@ -175,7 +175,7 @@ def check_gate(paper: Paper, meta: dict[str, Any], settings: Settings, scenario:
             f"(sft.noise, sft.demos, sft.epochs) or the task difficulty (env.knobs) with --set, or --force"
         )
     for c in meta.get("checks") or []:
-        if not c.get("ok", True) and c.get("gate", True):
+        if check_miss(c) == "FAILED":
             problems.append(f"regime check{where} {c['name']} = {c['value']} misses its target {c['target']}")
     if problems and not settings.force:
         raise GateError("; ".join(problems))

@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def check_miss(row: dict[str, Any]) -> str:
+    """'' for a passed check row, 'FAILED' for a missed gating one, 'missed (reported, not a gate)' else."""
+    if row.get("ok", True):
+        return ""
+    return "FAILED" if row.get("gate", True) else "missed (reported, not a gate)"
+
+
 @dataclass(frozen=True)
 class Arm:
     """One method of a comparison: config overrides on top of the paper's base."""
