@@ -16,7 +16,7 @@ from horizonrl.agents.compaction import (
     extract_summary,
     serialize_history,
 )
-from horizonrl.agents.fork import BUDGET_MESSAGE
+from horizonrl.agents.fork import BUDGET_MESSAGE, DELEGATION_PROMPT, fork_call
 from horizonrl.envs import get_env
 from horizonrl.envs.tools import format_answer, format_tool_call
 from horizonrl.inference import HFEngine
@@ -271,3 +271,26 @@ def test_information_gain_equals_direct_log_probs(model_tok):
     assert gains[0][0] == pytest.approx(direct(p1 + resp) - direct(p1), abs=1e-4)
     assert gains[0][1] == pytest.approx(direct(p1[:5]) - direct(p1 + resp), abs=1e-4)
     assert trainer.extra_metrics["ig/scored_contexts"] == 4 and "ig/score_s" in trainer.extra_metrics
+
+
+def test_short_fork_prompt_shows_the_call_by_example_instead_of_the_schema(model_tok):
+    """`prompts: short` keeps the root prompt within the tiny model's copy depth: the fork call is shown
+    by example (the exact text fork_call emits, with '...' as the task) and no fork schema is listed."""
+    _, tok = model_tok
+    short, *_ = _run(
+        tok, _forker(1), agent="fork", context="append", aparams={"prompts": "short"}, budget=1400
+    )
+    paper, *_ = _run(
+        tok, _forker(1), agent="fork", context="append", aparams={"prompts": "paper"}, budget=2400
+    )
+    root_short = tok.decode(short.segments[0].turns[0].prompt_ids)
+    root_paper = tok.decode(paper.segments[0].turns[0].prompt_ids)
+    assert fork_call(["..."]) in root_short
+    assert (
+        '"name": "fork", "description"' not in root_short and '"name": "search", "description"' in root_short
+    )
+    assert '"name": "fork", "description"' in root_paper and DELEGATION_PROMPT in root_paper
+    # the example call is executed like any other: one child, its result in the root's next prompt
+    assert [s.kind for s in short.segments] == ["normal", "subagent"] and short.success
+    n_short, n_paper = len(short.segments[0].turns[0].prompt_ids), len(paper.segments[0].turns[0].prompt_ids)
+    assert n_short < n_paper - 300, (n_short, n_paper)

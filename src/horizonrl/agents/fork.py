@@ -100,9 +100,14 @@ FORK_TOOL = Tool(
     },
 )
 # Short prompts for small context budgets (the embedded tiny model); `prompts: paper` is the default.
+# The short delegation line shows the fork call by example and the tool block lists no fork schema: the
+# paper schema is ~400 tokens of the tiny tokenizer, and with it the root prompt was ~700 tokens, deeper
+# than the tiny model's copy pretraining reaches (rows of ~530 tokens); it filled a 1024-token budget
+# after one fork call (warm-start pass@1 0.012). Short, the root prompt is ~300 tokens. The call format and
+# its limits are the same (validate_subagents enforces 1 to max_subagents tasks).
 SHORT_DELEGATION_PROMPT = (
-    "You may delegate subtasks with the fork tool (1 to 3 subagents per call); review their results, "
-    "then give the final answer."
+    'You may delegate subtasks to 1 to 3 subagents with <tool_call>{"name": "fork", "arguments": '
+    '{"subagents": [{"task": "..."}]}}</tool_call>; review their results, then give the final answer.'
 )
 SHORT_SUBAGENT_PROMPT = "Subagent task: {task} Return the result inside <answer></answer>."
 BUDGET_MESSAGE = (
@@ -269,8 +274,9 @@ def fork_agent(
     """Main agent with the ``fork`` tool (module docstring).
 
     ``agent_params``: ``max_subagents`` (3), ``max_forks`` (10), ``prompts``: ``paper``
-    (the delegation and subagent prompts verbatim) or ``short`` (one-line versions
-    for small context budgets such as the embedded tiny model), ``child_h_plus``:
+    (the delegation and subagent prompts and the fork tool schema verbatim) or ``short`` (one-line
+    versions, the fork call shown by example instead of its schema, for small context budgets such as
+    the embedded tiny model), ``child_h_plus``:
     ``shared`` (paper B.1: every child of a call gets the main context after all its
     results as h+, so siblings get identical information gains) or ``own`` (the main
     context after only that child's result line: a junk child and a correct one differ).
@@ -292,7 +298,7 @@ def fork_agent(
         uid=uid,
         group_id=group_id,
         system_prompt=system,
-        extra_tools=[FORK_TOOL.to_schema()],
+        extra_tools=[FORK_TOOL.to_schema()] if prompts == "paper" else [],
     )
     ep.rollout.env["forks"] = 0
     ep.rollout.env["metrics"] = {"forks": 0.0, "subagents": 0.0}
@@ -321,4 +327,11 @@ def fork_call(tasks: list[str]) -> str:
     return format_tool_call("fork", {"subagents": [{"task": t} for t in tasks]})
 
 
-__all__ = ["DELEGATION_PROMPT", "FORK_TOOL", "SUBAGENT_PROMPT", "ForkHandler", "fork_agent", "fork_call"]
+__all__ = [
+    "DELEGATION_PROMPT",
+    "FORK_TOOL",
+    "SUBAGENT_PROMPT",
+    "ForkHandler",
+    "fork_agent",
+    "fork_call",
+]
