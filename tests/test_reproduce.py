@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -283,3 +284,43 @@ def test_results_page_cites_the_options_that_shape_results_not_where_files_go():
         _reproduce_command(build_parser().parse_args(argv))
         == "horizonrl reproduce ccpo --seeds 3 --set sft.epochs=3 --set 'env.knobs={a: 1}' --force"
     )
+
+
+def test_rerunning_one_scenario_carries_the_others_from_the_earlier_page(tmp_path):
+    """`--arms` of one scenario keeps the other scenario's results from the earlier page, and only while
+    the setup, the arms' overrides and its warm-start declaration are unchanged."""
+    paper = _two_scenarios(None)
+    logs: list[str] = []
+    settings = Settings(seeds=1, out=tmp_path / "runs", log=logs.append)
+    full = reproduce(paper, settings, results_dir=tmp_path / "r")
+    assert set(full["arms"]) == {"a", "b"} and len(full["comparisons"]) == 1
+    assert full["warm_starts"]["long"]["key"] and "carried" not in full
+    only_a = dataclasses.replace(settings, arms=("a",))
+    res = reproduce(paper, only_a, results_dir=tmp_path / "r")
+    assert list(res["arms"]) == ["a", "b"] and res["arms"]["b"] == full["arms"]["b"]
+    assert res["comparisons"] == full["comparisons"], (res["comparisons"], full["comparisons"])
+    assert list(res["warm_starts"]) == ["short", "long"]
+    assert res["carried"]["long"]["key_checked"] and res["carried"]["long"]["utc"]
+    assert res["carried"]["long"]["commit"] == full["provenance"]["long"]["commit"]
+    assert "long" not in res["provenance"] and "short" in res["provenance"]
+    page = (tmp_path / "r" / "mini.md").read_text()
+    assert "**Scenario `long` is carried over**" in page and "arms `b`" in page
+    assert "warm-start declaration is unchanged" in page
+    # An earlier page without a recorded key (or provenance) is carried, saying what was not checked.
+    prev = json.loads((tmp_path / "r" / "mini.json").read_text())
+    del prev["warm_starts"]["long"]["key"], prev["carried"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "mini.json").write_text(json.dumps(prev))
+    res = reproduce(paper, only_a, results_dir=tmp_path / "old")
+    assert res["carried"]["long"]["key_checked"] is False and res["carried"]["long"]["commit"] is None
+    assert "did not record its warm-start key" in (tmp_path / "old" / "mini.md").read_text()
+    # A changed warm-start declaration, or changed arm overrides, is not carried: the page loses it.
+    for changed in (
+        dataclasses.replace(paper, scenarios={**paper.scenarios, "long": ("rollout.max_turns=3",)}),
+        dataclasses.replace(paper, arms=(paper.arms[0], Arm("b", ("algo.estimator=grpo",), scenario="long"))),
+    ):
+        logs.clear()
+        (tmp_path / "r" / "mini.json").write_text(json.dumps(full))
+        res = reproduce(changed, only_a, results_dir=tmp_path / "r")
+        assert set(res["arms"]) == {"a"} and res["comparisons"] == [] and "carried" not in res
+        assert any("'long' not carried" in m for m in logs), logs

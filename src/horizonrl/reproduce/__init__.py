@@ -85,6 +85,8 @@ def reproduce(
                 "arms": [a.name for a in paper.arms if a.scenario == s]}
             for s, r in refused.items()
         }  # fmt: skip
+    if results_dir is not None and settings.arms:
+        _carry(paper, settings, res, Path(results_dir) / f"{paper.name}.json")
     for c in res["comparisons"]:
         t = c["t"]
         ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"
@@ -102,6 +104,27 @@ def reproduce(
             "; ".join(f"scenario {k!r}: {v}" for k, v in refused.items()) + " (the other scenarios ran)"
         )
     return res
+
+
+def _carry(paper: Paper, settings: Settings, res: dict[str, Any], previous: Path) -> None:
+    """Keep the earlier page's scenarios that ``--arms`` left out (:func:`.report.carry_over`)."""
+    import json
+
+    from horizonrl.reproduce.report import carry_over, last_commit
+    from horizonrl.reproduce.runner import warmstart_config, warmstart_key
+
+    if not previous.exists():
+        return
+    keys = {
+        s: warmstart_key(warmstart_config(paper, settings, s))
+        for s in paper.scenario_names()
+        if s not in res["warm_starts"]
+    }
+    prev = json.loads(previous.read_text())
+    for why in carry_over(res, prev, paper, keys=keys, fallback_commit=last_commit(previous)):
+        settings.log(f"[report] {why}")
+    for s, c in (res.get("carried") or {}).items():
+        settings.log(f"[report] scenario {s!r} carried over from {previous} (commit {c['commit']})")
 
 
 def _meta(paper: Paper, settings: Settings, scenario: str = "") -> dict[str, Any]:

@@ -30,7 +30,12 @@ def _rates(result: dict[str, Any], index: int = -1) -> np.ndarray:
 
 
 def _warm(meta: dict[str, Any]) -> dict[str, Any]:
-    return {**meta.get("gate", {}), "pretrain": meta.get("pretrain"), "sft_s": meta.get("sft_s")}
+    return {
+        **meta.get("gate", {}),
+        "pretrain": meta.get("pretrain"),
+        "sft_s": meta.get("sft_s"),
+        "key": meta.get("key"),
+    }
 
 
 def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[str, Path]) -> dict[str, Any]:
@@ -55,6 +60,16 @@ def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[st
             "start": None if start is None else {"pass@1": start["pass@1"], "per_task": start["per_task"][0]},
             "seeds": seeds,
         }
+    return {
+        **header(paper, settings, metas),
+        "status": "done",
+        "arms": arms,
+        "comparisons": compare(paper, arms),
+    }
+
+
+def compare(paper: Paper, arms: dict[str, Any]) -> list[dict[str, Any]]:
+    """The paper's comparisons among ``arms`` (both arms present, over their common seeds)."""
     comparisons = []
     for c in paper.comparisons:
         if c.arm not in arms or c.baseline not in arms:
@@ -81,7 +96,7 @@ def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[st
                 "verdict": verdict(t),
             }
         )
-    return {**header(paper, settings, metas), "status": "done", "arms": arms, "comparisons": comparisons}
+    return comparisons
 
 
 def header(paper: Paper, settings, metas: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +122,109 @@ def header(paper: Paper, settings, metas: dict[str, Any]) -> dict[str, Any]:
         "warm_start": _warm(next(iter(metas.values()))),
         "warm_starts": {s: _warm(m) for s, m in metas.items()},
         "checks": [{"scenario": s, **c} for s, m in metas.items() for c in (m.get("checks") or [])],
+        "provenance": {s: _stamp() for s in metas},
     }
+
+
+def _stamp() -> dict[str, Any]:
+    """When and at which commit a scenario's runs were collected (commit None outside a git checkout)."""
+    import datetime
+    import subprocess
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    utc = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    return {"commit": commit or None, "utc": utc}
+
+
+def last_commit(path: Path) -> str | None:
+    """The commit that last changed ``path`` (None outside a git checkout or if never committed)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%h", "--", path.name],
+            cwd=path.parent, capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+# The setup fields that must match for an earlier page's scenario to be carried into a new one.
+CARRY_SETUP = (
+    "base_config",
+    "overrides",
+    "budget_tokens",
+    "seeds",
+    "eval_tasks",
+    "eval_samples",
+    "eval_temperature",
+    "eval_seed",
+    "gate",
+)
+
+
+def carry_over(
+    res: dict[str, Any],
+    previous: dict[str, Any],
+    paper: Paper,
+    *,
+    keys: dict[str, str],
+    fallback_commit: str | None = None,
+) -> list[str]:
+    """Copy into ``res`` the scenarios of ``previous`` (the page's earlier JSON) that this run did not run.
+
+    A run restricted with ``--arms`` to some scenarios keeps the others' warm start, checks, arms and
+    refusals from the earlier page, then recomputes the comparisons over all the arms present; so one
+    scenario can be rerun without rerunning the rest. Carried only while nothing that shapes the
+    numbers changed: the setup (:data:`CARRY_SETUP`), each arm's overrides, and the scenario's
+    warm-start key (``keys``: the current declaration's; an earlier page that did not record its key is
+    carried with ``key_checked: false``). ``res["carried"][scenario]`` says where each came from (the
+    earlier provenance, or ``fallback_commit``: the commit that last wrote the earlier JSON). Returns
+    why each scenario that could not be carried was not.
+    """
+    ran = set(res["warm_starts"])
+    todo = [s for s in paper.scenario_names() if s not in ran and s in (previous.get("warm_starts") or {})]
+    if not todo:
+        return []
+    if previous.get("paper") != res["paper"]:
+        return [f"the earlier page is of paper {previous.get('paper')!r}"]
+    changed = [k for k in CARRY_SETUP if previous["setup"].get(k) != res["setup"].get(k)]
+    if changed:
+        return [f"scenarios {todo} not carried: the setup changed ({', '.join(changed)})"]
+    why = []
+    for s in todo:
+        old_key = previous["warm_starts"][s].get("key")
+        if old_key is not None and old_key != keys.get(s):
+            why.append(f"scenario {s!r} not carried: its warm start's declaration changed")
+            continue
+        arms = {a.name: a for a in paper.arms if a.scenario == s}
+        old_arms = {n: a for n, a in previous["arms"].items() if a["scenario"] == s}
+        stale = [n for n, a in old_arms.items() if n not in arms or a["overrides"] != list(arms[n].overrides)]
+        if stale:
+            why.append(f"scenario {s!r} not carried: arms {stale} changed or were removed")
+            continue
+        res["warm_starts"][s] = previous["warm_starts"][s]
+        res["checks"] += [c for c in previous.get("checks", []) if c.get("scenario") == s]
+        res["arms"].update(old_arms)
+        refused = (previous.get("refused_scenarios") or {}).get(s)
+        if refused is not None:
+            res.setdefault("refused_scenarios", {})[s] = refused
+            res["status"] = "partial"
+        source = (previous.get("provenance") or {}).get(s) or {"commit": fallback_commit, "utc": None}
+        res.setdefault("carried", {})[s] = {**source, "key_checked": old_key is not None}
+    names = paper.scenario_names()
+    res["warm_starts"] = {s: res["warm_starts"][s] for s in names if s in res["warm_starts"]}
+    res["checks"].sort(key=lambda c: names.index(c["scenario"]) if c.get("scenario") in names else len(names))
+    order = {a.name: i for i, a in enumerate(paper.arms)}
+    res["arms"] = dict(sorted(res["arms"].items(), key=lambda kv: order.get(kv[0], len(order))))
+    res["comparisons"] = compare(paper, res["arms"])
+    return why
 
 
 def gate_refusal(paper: Paper, settings, metas: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -262,7 +379,7 @@ seed {st["eval_seed"]}; start = the warm start, mid = first evaluation after hal
 after the budget. Machine: {st["machine"]}, {st["jobs"]} run(s) in parallel, one torch thread each.
 
 {res.get("notes") or ""}
-
+{_carried_text(res)}
 ## Regime
 
 Warm-start pass@1 on the training distribution (one warm start per scenario, shared by its arms):
@@ -292,6 +409,29 @@ Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, s
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)
 """
+
+
+def _carried_text(res: dict[str, Any]) -> str:
+    """Which scenarios this page carries over from an earlier run (:func:`carry_over`); empty if none."""
+    carried = res.get("carried") or {}
+    if not carried:
+        return ""
+    lines = [""]
+    for s, c in carried.items():
+        arms = ", ".join(f"`{a}`" for a, v in res["arms"].items() if v["scenario"] == s) or "none ran"
+        when = f", {c['utc']} UTC" if c.get("utc") else ""
+        key = (
+            "its warm-start declaration is unchanged"
+            if c.get("key_checked")
+            else "the earlier page did not record its warm-start key, so only the setup and the arms' "
+            "overrides were compared"
+        )
+        lines.append(
+            f"**Scenario `{s}` is carried over** from an earlier run (commit {c.get('commit') or 'unknown'}"
+            f"{when}; arms {arms}): this run did not rerun it. The setup and the arms' overrides match; "
+            f"{key}."
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _partial_text(res: dict[str, Any]) -> str:

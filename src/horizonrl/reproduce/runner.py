@@ -118,15 +118,27 @@ def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Pa
 # ------------------------------------------------------------------ warm start and gate
 
 
+def warmstart_config(paper: Paper, settings: Settings, scenario: str = "") -> RunConfig:
+    """The config the warm start of ``scenario`` is built and gated with."""
+    root = warmstart_dir(paper, settings, scenario)
+    return stage_config(paper, settings, f"sft.out_dir={root / 'sft'}", "train.init=null", scenario=scenario)
+
+
+def warmstart_key(cfg: RunConfig) -> str:
+    """What a warm start depends on (model, env, rollout, sft but its out_dir), hashed: a cached warm
+    start is reused, and a results page's scenario carried over, only while this key is unchanged."""
+    sig = {k: v for k, v in cfg.to_dict().items() if k in ("model", "env", "rollout", "sft")}
+    sig["sft"] = {k: v for k, v in sig["sft"].items() if k != "out_dir"}
+    return _key(sig)
+
+
 def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str, Any]:
     """Build (or reuse) the shared warm start and measure the gate on the training distribution."""
     from horizonrl.train.recipes import evaluate_model, run_sft
 
     root = warmstart_dir(paper, settings, scenario)
-    cfg = stage_config(paper, settings, f"sft.out_dir={root / 'sft'}", "train.init=null", scenario=scenario)
-    sig = {k: v for k, v in cfg.to_dict().items() if k in ("model", "env", "rollout", "sft")}
-    sig["sft"] = {k: v for k, v in sig["sft"].items() if k != "out_dir"}
-    key = _key(sig)
+    cfg = warmstart_config(paper, settings, scenario)
+    key = warmstart_key(cfg)
     meta_path = root / "warmstart.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if meta.get("key") != key or not (root / "sft" / "config.json").exists():
