@@ -357,7 +357,7 @@ def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_key
     warm = "\n".join(
         f"- {f'`{s}`: ' if s else ''}**{_fmt(w.get('pass@1'))}** ({w.get('tasks')} tasks x "
         f"{w.get('samples')} samples; gate {st['gate']}; copy pretraining converged: "
-        f"{(w.get('pretrain') or {}).get('converged')})"
+        f"{(w.get('pretrain') or {}).get('converged')}{_steps(w)})"
         for s, w in res["warm_starts"].items()
     )
     check_table = (
@@ -409,6 +409,13 @@ Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, s
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)
 """
+
+
+def _steps(warm: dict[str, Any]) -> str:
+    """`` in N steps`` of the base model's copy pretraining (it varies with the CPU, so warm starts built
+    on different machines start from different base models)."""
+    steps = (warm.get("pretrain") or {}).get("steps")
+    return f" in {steps} steps" if steps else ""
 
 
 def _carried_text(res: dict[str, Any]) -> str:
