@@ -122,37 +122,34 @@ def header(paper: Paper, settings, metas: dict[str, Any]) -> dict[str, Any]:
         "warm_start": _warm(next(iter(metas.values()))),
         "warm_starts": {s: _warm(m) for s, m in metas.items()},
         "checks": [{"scenario": s, **c} for s, m in metas.items() for c in (m.get("checks") or [])],
-        "provenance": {s: _stamp() for s in metas},
+        "provenance": dict.fromkeys(metas, _stamp()),
     }
+
+
+def _git(*args: str, cwd: Path | None = None) -> str | None:
+    """The stripped output of ``git ARGS`` (None outside a git checkout, or if it prints nothing)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
 
 
 def _stamp() -> dict[str, Any]:
     """When and at which commit a scenario's runs were collected (commit None outside a git checkout)."""
     import datetime
-    import subprocess
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = None
     utc = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
-    return {"commit": commit or None, "utc": utc}
+    return {"commit": _git("rev-parse", "--short", "HEAD"), "utc": utc}
 
 
 def last_commit(path: Path) -> str | None:
     """The commit that last changed ``path`` (None outside a git checkout or if never committed)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["git", "log", "-1", "--format=%h", "--", path.name],
-            cwd=path.parent, capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out or None
+    return _git("log", "-1", "--format=%h", "--", path.name, cwd=path.parent)
 
 
 # The setup fields that must match for an earlier page's scenario to be carried into a new one.
