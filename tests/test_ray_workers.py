@@ -121,24 +121,30 @@ def _run(cfg, steps=2):
     return tr, groups_per_step, records
 
 
-def _assert_same_runs(a, b, init, *, logprob_atol=1e-5, weight_atol=1e-5):
+def _assert_same_runs(a, b, init, *, logprob_rtol=1e-4, weight_frac=1e-2):
+    """Same tokens, rewards and losses; log-probs and weights equal up to float32 rounding.
+
+    A replica pads and batches only its share of the requests, so its matmuls sum in another order than
+    the local engine's: log-probs agree to a relative 4e-6 (measured; a wrong weight version or
+    position would move them by far more than the 1e-4 allowed). Adam's per-parameter normalisation
+    scales that rounding up where a gradient is near zero (measured: 1.6e-5 after two steps that moved a
+    weight by 0.02), so weights agree to 1 % of the largest update, as in the torchrun tests.
+    """
     (ta, ga, ra), (tb, gb, rb) = a, b
     for step_a, step_b in zip(ga, gb, strict=True):
         turns_a, turns_b = _turns(step_a), _turns(step_b)
         assert [t.prompt_ids for t in turns_a] == [t.prompt_ids for t in turns_b]
         assert [t.response_ids for t in turns_a] == [t.response_ids for t in turns_b]
         for x, y in zip(turns_a, turns_b, strict=True):
-            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=logprob_atol)
+            np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=logprob_rtol, atol=1e-6)
         assert [r.reward for r in flatten_rollouts(step_a)] == [r.reward for r in flatten_rollouts(step_b)]
     for ma, mb in zip(ra, rb, strict=True):
         assert ma["train/pg_loss"] == pytest.approx(mb["train/pg_loss"], abs=1e-6)
         assert ma["train/grad_norm"] == pytest.approx(mb["train/grad_norm"], rel=1e-4)
-    moved = 0.0
-    for (name, p), q in zip(ta.model.named_parameters(), tb.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=weight_atol, rtol=0, msg=name)
-    for p, q in zip(ta.model.parameters(), init, strict=True):
-        moved = max(moved, float((p.detach() - q).abs().max()))
+    moved = max(float((p.detach() - q).abs().max()) for p, q in zip(ta.model.parameters(), init, strict=True))
     assert moved > 1e-3, "the update did not move the weights: the comparison would be vacuous"
+    for (name, p), q in zip(ta.model.named_parameters(), tb.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=weight_frac * moved, rtol=0, msg=name)
 
 
 def test_two_hf_replicas_match_one_local_engine(ray_session, tiny_model_dir, tmp_path):
@@ -162,7 +168,7 @@ def test_two_hf_replicas_match_one_local_engine(ray_session, tiny_model_dir, tmp
         # The replicas hold the updated weights: their scores equal the local engine's.
         ctx, cont = [[5, 6, 7, 8, 9]] * 3, [[10, 11], [12], [13, 14, 15]]
         for x, y in zip(eng.score(ctx, cont), a[0].engine.score(ctx, cont), strict=True):
-            np.testing.assert_allclose(x, y, atol=1e-5)
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
         replicas = list(eng.replicas)
     finally:
         b[0].close()
