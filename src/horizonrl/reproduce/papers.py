@@ -340,6 +340,12 @@ def mosaic() -> Paper:
                 scenario="fork",
                 help="broadcasting, forking",
             ),
+            Arm(
+                "fork_igpo",
+                ("algo.estimator=igpo", "algo.estimator_params={}", "algo.kl_coef=0.001"),
+                scenario="fork",
+                help="IGPO, forking: information gain of every turn of the root and its subagents",
+            ),
         ),
         comparisons=(
             Comparison("mosaic", "broadcast", "Mosaic > broadcasting (compaction)"),
@@ -347,10 +353,11 @@ def mosaic() -> Paper:
             Comparison("mosaic", "igpo", "Mosaic > IGPO (compaction)"),
             Comparison("fork_mosaic", "fork_broadcast", "Mosaic > broadcasting (forking)"),
             Comparison("fork_mosaic", "fork_mosaic_noshaping", "IG shaping adds (forking)"),
+            Comparison("fork_mosaic", "fork_igpo", "Mosaic > IGPO (forking)"),
         ),
         budget_tokens=200_000,
         eval_tasks=256,
-        seeds=3,  # seven arms in two scenarios: 3 seeds (the minimum) keep each arm near 20 minutes
+        seeds=3,  # eight arms in two scenarios: 3 seeds (the minimum) keep each arm near 20 minutes
         diagnostics=(
             "rollout/sessions_mean",
             "rollout/sessions_compaction_mean",
