@@ -324,3 +324,33 @@ def test_rerunning_one_scenario_carries_the_others_from_the_earlier_page(tmp_pat
         res = reproduce(changed, only_a, results_dir=tmp_path / "r")
         assert set(res["arms"]) == {"a"} and res["comparisons"] == [] and "carried" not in res
         assert any("'long' not carried" in m for m in logs), logs
+
+
+def test_rerunning_one_arm_carries_the_others_only_from_the_same_warm_start(tmp_path):
+    """`--arms b` of a scenario that also has arm `a` keeps `a` from the earlier page, but only when this
+    run's warm start is the earlier one: the same key and the same start evaluation, task for task."""
+    paper = _paper(seeds=1)
+    logs: list[str] = []
+    settings = Settings(seeds=1, out=tmp_path / "runs", log=logs.append)
+    full = reproduce(paper, settings, results_dir=tmp_path / "r")
+    only_rloo = dataclasses.replace(settings, arms=("rloo",))
+    res = reproduce(paper, only_rloo, results_dir=tmp_path / "r")
+    assert list(res["arms"]) == ["grpo", "rloo"] and res["arms"]["grpo"] == full["arms"]["grpo"]
+    assert res["comparisons"] == full["comparisons"] and "carried" not in res
+    assert res["carried_arms"]["grpo"]["commit"] == full["provenance"][""]["commit"]
+    page = (tmp_path / "r" / "mini.md").read_text()
+    assert "**Arm `grpo` is carried over**" in page and "same start evaluation" in page
+    # Another model behind the same declaration (its start evaluation differs on a task): not carried.
+    prev = json.loads(json.dumps(full))
+    prev["arms"]["grpo"]["start"]["per_task"][0] = 1.0 - prev["arms"]["grpo"]["start"]["per_task"][0]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "mini.json").write_text(json.dumps(prev))
+    logs.clear()
+    res = reproduce(paper, only_rloo, results_dir=tmp_path / "old")
+    assert list(res["arms"]) == ["rloo"] and res["comparisons"] == [] and "carried_arms" not in res
+    assert any("'grpo' not carried" in m and "scores differently" in m for m in logs), logs
+    # Changed overrides are not carried either.
+    changed = dataclasses.replace(paper, arms=(Arm("grpo", ("algo.kl_coef=0.5",)), paper.arms[1]))
+    (tmp_path / "r" / "mini.json").write_text(json.dumps(full))
+    res = reproduce(changed, only_rloo, results_dir=tmp_path / "r")
+    assert list(res["arms"]) == ["rloo"] and "carried_arms" not in res

@@ -107,10 +107,11 @@ def reproduce(
 
 
 def _carry(paper: Paper, settings: Settings, res: dict[str, Any], previous: Path) -> None:
-    """Keep the earlier page's scenarios that ``--arms`` left out (:func:`.report.carry_over`)."""
+    """Keep the earlier page's scenarios and arms that ``--arms`` left out (:mod:`.carry`)."""
     import json
 
-    from horizonrl.reproduce.report import carry_over, last_commit
+    from horizonrl.reproduce.carry import carry_over
+    from horizonrl.reproduce.report import last_commit
     from horizonrl.reproduce.runner import warmstart_config, warmstart_key
 
     if not previous.exists():
@@ -125,6 +126,10 @@ def _carry(paper: Paper, settings: Settings, res: dict[str, Any], previous: Path
         settings.log(f"[report] {why}")
     for s, c in (res.get("carried") or {}).items():
         settings.log(f"[report] scenario {s!r} carried over from {previous} (commit {c['commit']})")
+    for a, c in (res.get("carried_arms") or {}).items():
+        settings.log(
+            f"[report] arm {a!r} carried over from {previous} (commit {c['commit']}): same warm start"
+        )
 
 
 def _meta(paper: Paper, settings: Settings, scenario: str = "") -> dict[str, Any]:

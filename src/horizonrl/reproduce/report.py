@@ -152,78 +152,6 @@ def last_commit(path: Path) -> str | None:
     return _git("log", "-1", "--format=%h", "--", path.name, cwd=path.parent)
 
 
-# The setup fields that must match for an earlier page's scenario to be carried into a new one.
-CARRY_SETUP = (
-    "base_config",
-    "overrides",
-    "budget_tokens",
-    "seeds",
-    "eval_tasks",
-    "eval_samples",
-    "eval_temperature",
-    "eval_seed",
-    "gate",
-)
-
-
-def carry_over(
-    res: dict[str, Any],
-    previous: dict[str, Any],
-    paper: Paper,
-    *,
-    keys: dict[str, str],
-    fallback_commit: str | None = None,
-) -> list[str]:
-    """Copy into ``res`` the scenarios of ``previous`` (the page's earlier JSON) that this run did not run.
-
-    A run restricted with ``--arms`` to some scenarios keeps the others' warm start, checks, arms and
-    refusals from the earlier page, then recomputes the comparisons over all the arms present; so one
-    scenario can be rerun without rerunning the rest. Carried only while nothing that shapes the
-    numbers changed: the setup (:data:`CARRY_SETUP`), each arm's overrides, and the scenario's
-    warm-start key (``keys``: the current declaration's; an earlier page that did not record its key is
-    carried with ``key_checked: false``). ``res["carried"][scenario]`` says where each came from (the
-    earlier provenance, or ``fallback_commit``: the commit that last wrote the earlier JSON). Returns
-    why each scenario that could not be carried was not.
-    """
-    ran = set(res["warm_starts"])
-    todo = [s for s in paper.scenario_names() if s not in ran and s in (previous.get("warm_starts") or {})]
-    if not todo:
-        return []
-    if previous.get("paper") != res["paper"]:
-        return [f"the earlier page is of paper {previous.get('paper')!r}"]
-    changed = [k for k in CARRY_SETUP if previous["setup"].get(k) != res["setup"].get(k)]
-    if changed:
-        return [f"scenarios {todo} not carried: the setup changed ({', '.join(changed)})"]
-    why = []
-    for s in todo:
-        old_key = previous["warm_starts"][s].get("key")
-        if old_key is not None and old_key != keys.get(s):
-            why.append(f"scenario {s!r} not carried: its warm start's declaration changed")
-            continue
-        arms = {a.name: a for a in paper.arms if a.scenario == s}
-        old_arms = {n: a for n, a in previous["arms"].items() if a["scenario"] == s}
-        stale = [n for n, a in old_arms.items() if n not in arms or a["overrides"] != list(arms[n].overrides)]
-        if stale:
-            why.append(f"scenario {s!r} not carried: arms {stale} changed or were removed")
-            continue
-        res["warm_starts"][s] = previous["warm_starts"][s]
-        res["checks"] += [c for c in previous.get("checks", []) if c.get("scenario") == s]
-        res["arms"].update(old_arms)
-        refused = (previous.get("refused_scenarios") or {}).get(s)
-        if refused is not None:
-            res.setdefault("refused_scenarios", {})[s] = refused
-            res["status"] = "partial"
-        source = (previous.get("provenance") or {}).get(s) or {"commit": fallback_commit, "utc": None}
-        res.setdefault("carried", {})[s] = {**source, "key_checked": old_key is not None}
-    names = paper.scenario_names()
-    res["warm_starts"] = {s: res["warm_starts"][s] for s in names if s in res["warm_starts"]}
-    res["checks"].sort(key=lambda c: names.index(c["scenario"]) if c.get("scenario") in names else len(names))
-    order = {a.name: i for i, a in enumerate(paper.arms)}
-    res["arms"] = dict(sorted(res["arms"].items(), key=lambda kv: order.get(kv[0], len(order))))
-    res["comparisons"] = compare(paper, res["arms"])
-    return why
-
-
 def gate_refusal(paper: Paper, settings, metas: dict[str, Any], reason: str) -> dict[str, Any]:
     """The results JSON of a reproduction whose gate refused to start RL: the measured regime, no arms."""
     return {**header(paper, settings, metas), "status": "gate_refused", "refused": reason, "arms": {},
@@ -416,14 +344,17 @@ def _steps(warm: dict[str, Any]) -> str:
 
 
 def _carried_text(res: dict[str, Any]) -> str:
-    """Which scenarios this page carries over from an earlier run (:func:`carry_over`); empty if none."""
-    carried = res.get("carried") or {}
-    if not carried:
+    """Which scenarios and arms this page carries over from an earlier run (:mod:`.carry`); empty if none."""
+    carried, arms_carried = res.get("carried") or {}, res.get("carried_arms") or {}
+    if not carried and not arms_carried:
         return ""
     lines = [""]
+
+    def origin(c: dict[str, Any]) -> str:
+        return f"commit {c.get('commit') or 'unknown'}" + (f", {c['utc']} UTC" if c.get("utc") else "")
+
     for s, c in carried.items():
         arms = ", ".join(f"`{a}`" for a, v in res["arms"].items() if v["scenario"] == s) or "none ran"
-        when = f", {c['utc']} UTC" if c.get("utc") else ""
         key = (
             "its warm-start declaration is unchanged"
             if c.get("key_checked")
@@ -431,9 +362,16 @@ def _carried_text(res: dict[str, Any]) -> str:
             "overrides were compared"
         )
         lines.append(
-            f"**Scenario `{s}` is carried over** from an earlier run (commit {c.get('commit') or 'unknown'}"
-            f"{when}; arms {arms}): this run did not rerun it. The setup and the arms' overrides match; "
-            f"{key}."
+            f"**Scenario `{s}` is carried over** from an earlier run ({origin(c)}; arms {arms}): this run "
+            f"did not rerun it. The setup and the arms' overrides match; {key}."
+        )
+    for a, c in arms_carried.items():
+        s = res["arms"][a]["scenario"]
+        lines.append(
+            f"**Arm `{a}` is carried over** from an earlier run ({origin(c)}): this run did not rerun it. "
+            f"Its overrides and the setup match, and this run's `{s}` warm start is the earlier one (the "
+            "same declaration, and the same start evaluation on every held-out task). Its wall times "
+            "are that run's, on its machine: compare them with this run's only on the same machine."
         )
     return "\n".join(lines) + "\n"
 
