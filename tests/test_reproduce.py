@@ -303,6 +303,9 @@ def test_rerunning_one_scenario_carries_the_others_from_the_earlier_page(tmp_pat
     assert res["carried"]["long"]["key_checked"] and res["carried"]["long"]["utc"]
     assert res["carried"]["long"]["commit"] == full["provenance"]["long"]["commit"]
     assert "long" not in res["provenance"] and "short" in res["provenance"]
+    # Carried again from a page that carried it: still the run it came from, not the page's commit.
+    again = reproduce(paper, only_a, results_dir=tmp_path / "r")
+    assert again["carried"]["long"] == res["carried"]["long"]
     page = (tmp_path / "r" / "mini.md").read_text()
     assert "**Scenario `long` is carried over**" in page and "arms `b`" in page
     assert "warm-start declaration is unchanged" in page

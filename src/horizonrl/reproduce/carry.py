@@ -84,8 +84,12 @@ def carry_over(
         ]
     why = []
 
-    def source(s: str) -> dict[str, Any]:
-        return (previous.get("provenance") or {}).get(s) or {"commit": fallback_commit, "utc": None}
+    def source(s: str, arm: str | None = None) -> dict[str, Any]:
+        """Where the earlier page got it: carried there too (the original run), or run there."""
+        carried = (previous.get("carried_arms") or {}).get(arm) or (previous.get("carried") or {}).get(s)
+        ran = (previous.get("provenance") or {}).get(s)
+        found = carried or ran or {"commit": fallback_commit, "utc": None}
+        return {"commit": found.get("commit"), "utc": found.get("utc")}
 
     for s in todo:
         old_key = old[s].get("key")
@@ -118,7 +122,7 @@ def carry_over(
             )
         else:
             res["arms"][n] = a
-            res.setdefault("carried_arms", {})[n] = source(s)
+            res.setdefault("carried_arms", {})[n] = source(s, n)
     names = paper.scenario_names()
     res["warm_starts"] = {s: res["warm_starts"][s] for s in names if s in res["warm_starts"]}
     res["checks"].sort(key=lambda c: names.index(c["scenario"]) if c.get("scenario") in names else len(names))
