@@ -342,7 +342,7 @@ def test_rerunning_one_arm_carries_the_others_only_from_the_same_warm_start(tmp_
     assert res["comparisons"] == full["comparisons"] and "carried" not in res
     assert res["carried_arms"]["grpo"]["commit"] == full["provenance"][""]["commit"]
     page = (tmp_path / "r" / "mini.md").read_text()
-    assert "**Arm `grpo` is carried over**" in page and "same start evaluation" in page
+    assert "**Arms `grpo` are carried over**" in page and "same start evaluation" in page
     # Another model behind the same declaration (its start evaluation differs on a task): not carried.
     prev = json.loads(json.dumps(full))
     prev["arms"]["grpo"]["start"]["per_task"][0] = 1.0 - prev["arms"]["grpo"]["start"]["per_task"][0]

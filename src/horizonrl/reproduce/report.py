@@ -365,15 +365,19 @@ def _carried_text(res: dict[str, Any]) -> str:
             f"**Scenario `{s}` is carried over** from an earlier run ({origin(c)}; arms {arms}): this run "
             f"did not rerun it. The setup and the arms' overrides match; {key}."
         )
+    by_run: dict[tuple, list[str]] = {}
     for a, c in arms_carried.items():
-        s = res["arms"][a]["scenario"]
+        by_run.setdefault((res["arms"][a]["scenario"], origin(c)), []).append(f"`{a}`")
+    for (s, where), arms in by_run.items():
+        of = f" of scenario `{s}`" if s else ""
         lines.append(
-            f"**Arm `{a}` is carried over** from an earlier run ({origin(c)}): this run did not rerun it. "
-            f"Its overrides and the setup match, and this run's `{s}` warm start is the earlier one (the "
-            "same declaration, and the same start evaluation on every held-out task). Its wall times "
-            "are that run's, on its machine: compare them with this run's only on the same machine."
+            f"**Arms {', '.join(arms)}{of} are carried over** from an earlier run ({where}): this run did "
+            f"not rerun them. Their overrides and the setup match, and this run's{of.replace(' of', '')} "
+            "warm start is the earlier one (the same declaration, and the same start evaluation on every "
+            "held-out task). Their wall times are that run's, on its machine: compare them with this "
+            "run's only on the same machine."
         )
-    return "\n".join(lines) + "\n"
+    return "\n\n".join(lines) + "\n"
 
 
 def _partial_text(res: dict[str, Any]) -> str:
