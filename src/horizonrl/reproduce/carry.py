@@ -68,10 +68,11 @@ def carry_over(
     ran = set(res["warm_starts"])
     old = previous.get("warm_starts") or {}
     todo = [s for s in paper.scenario_names() if s not in ran and s in old]
+    declared = {a.name for a in paper.arms}
     left = {
         n: a
         for n, a in previous.get("arms", {}).items()
-        if a["scenario"] in ran and n not in res["arms"] and n in {x.name for x in paper.arms}
+        if a["scenario"] in ran and n not in res["arms"] and n in declared
     }
     if not todo and not left:
         return []
@@ -87,8 +88,8 @@ def carry_over(
     def source(s: str, arm: str | None = None) -> dict[str, Any]:
         """Where the earlier page got it: carried there too (the original run), or run there."""
         carried = (previous.get("carried_arms") or {}).get(arm) or (previous.get("carried") or {}).get(s)
-        ran = (previous.get("provenance") or {}).get(s)
-        found = carried or ran or {"commit": fallback_commit, "utc": None}
+        run_there = (previous.get("provenance") or {}).get(s)
+        found = carried or run_there or {"commit": fallback_commit, "utc": None}
         return {"commit": found.get("commit"), "utc": found.get("utc")}
 
     for s in todo:

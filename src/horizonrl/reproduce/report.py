@@ -369,13 +369,13 @@ def _carried_text(res: dict[str, Any]) -> str:
     for a, c in arms_carried.items():
         by_run.setdefault((res["arms"][a]["scenario"], origin(c)), []).append(f"`{a}`")
     for (s, where), arms in by_run.items():
-        of = f" of scenario `{s}`" if s else ""
+        scenario = f" scenario `{s}`" if s else ""
         lines.append(
-            f"**Arms {', '.join(arms)}{of} are carried over** from an earlier run ({where}): this run did "
-            f"not rerun them. Their overrides and the setup match, and this run's{of.replace(' of', '')} "
-            "warm start is the earlier one (the same declaration, and the same start evaluation on every "
-            "held-out task). Their wall times are that run's, on its machine: compare them with this "
-            "run's only on the same machine."
+            f"**Arms {', '.join(arms)}{' of' if s else ''}{scenario} are carried over** from an earlier "
+            f"run ({where}): this run did not rerun them. Their overrides and the setup match, and this "
+            f"run's{scenario} warm start is the earlier one (the same declaration, and the same start "
+            "evaluation on every held-out task). Their wall times are that run's, on its machine: "
+            "compare them with this run's only on the same machine."
         )
     return "\n\n".join(lines) + "\n"
 
