@@ -9,7 +9,7 @@ Stages (all on CPU with the embedded tiny model):
    (:func:`horizonrl.agents.stepwise.stepwise_demos`), or ``--sft DIR``;
 3. for every seed and method (packaged configs ``ccpo_rooms``,
    ``ccpo_episode_rooms``, ``gigpo_rooms``, ``grpo_rooms``; identical except for
-   the estimator), ``--steps`` steps of :class:`~horizonrl.train.group_trainer.GroupTrainer`
+   the estimator), ``--steps`` steps of :class:`~horizonrl.train.trainers.group.GroupTrainer`
    from the warm start with the same seed, then a held-out evaluation
    (``--test-tasks`` x ``--eval-samples`` rollouts at the configs' validation
    temperature, same engine seed for every method).
@@ -48,16 +48,16 @@ from typing import Any
 
 import torch
 
-import horizonrl.train.hidden  # noqa: F401  (registers the hidden-state feature provider)
+import horizonrl.train.methods.ccpo  # noqa: F401  (registers the hidden-state feature provider)
 
 # importing registers the stepwise agent
 from horizonrl.agents.stepwise import revisit_rate, rollout_states, stepwise_demos
 from horizonrl.config import RunConfig, load_config
 from horizonrl.inference.base import SamplingParams
-from horizonrl.train.bootstrap import build_tiny, load_policy, resolve_device, write_demos
-from horizonrl.train.collect import collect_groups
 from horizonrl.train.recipes import packaged_config
-from horizonrl.train.sft import demo_rows, sft_train
+from horizonrl.train.rollout.collect import collect_groups
+from horizonrl.train.warmstart.bootstrap import build_tiny, load_policy, resolve_device, write_demos
+from horizonrl.train.warmstart.sft import demo_rows, sft_train
 
 METHODS = {
     "ccpo": "ccpo_rooms",
@@ -169,7 +169,7 @@ def rollout_summary(rollouts) -> dict[str, float]:
 
 def train_method(method: str, seed: int, args, sft_dir: Path, out: Path, eval_before: bool) -> dict[str, Any]:
     """Train ``method`` from ``sft_dir`` with ``seed``; held-out summaries before (optional) and after."""
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     overrides = [
         f"train.init={sft_dir}",

@@ -9,7 +9,7 @@ the estimator (``echo`` / ``supo`` / ``grpo``). The benchmark
 2. warm-starts it once by SFT on expert rollouts of all three protocols
    (:func:`horizonrl.train.recipes.expert_program_rows` per config, ``--sft-demos`` tasks each), so the
    one checkpoint knows the ``<sum_last_turn>``/``<selection>`` and ``<summary>`` protocols;
-3. trains each method from that checkpoint with :class:`~horizonrl.train.group_trainer.GroupTrainer`
+3. trains each method from that checkpoint with :class:`~horizonrl.train.trainers.group.GroupTrainer`
    (same ``train.seed``: same task order and sampling seed), evaluating before and after;
 4. prints held-out pass@1 (after SFT and after RL), tool turns, trajectory volume (prompt + response
    tokens over all turns), split rate (rollouts with a reconstruction/summary), working segments,
@@ -42,10 +42,10 @@ import horizonrl.agents.memory
 import horizonrl.agents.summary  # noqa: F401  (register the memory and summary context managers)
 from horizonrl.config import load_config
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer, save_model_and_tokenizer
-from horizonrl.train.bootstrap import build_tiny
-from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.recipes import expert_program_rows, packaged_config
-from horizonrl.train.sft import sft_train
+from horizonrl.train.trainers.group import GroupTrainer
+from horizonrl.train.warmstart.bootstrap import build_tiny
+from horizonrl.train.warmstart.sft import sft_train
 
 METHODS = (("ECHO", "echo_lookup"), ("SUPO", "supo_lookup"), ("GRPO (truncation)", "grpo_truncate_lookup"))
 COLUMNS = (

@@ -33,7 +33,7 @@ import torch
 def _models(args, work: Path) -> list[tuple[str, Path]]:
     from horizonrl.config import ModelConfig
     from horizonrl.models import load_smollm2, smollm2_gguf_path
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     tiny = work / "tiny"
     if not (tiny / "config.json").exists():

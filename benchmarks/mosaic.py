@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import load_config
-from horizonrl.train.group_trainer import GroupTrainer
 from horizonrl.train.recipes import packaged_config, run_sft
+from horizonrl.train.trainers.group import GroupTrainer
 
 SCENARIOS = {"compaction": "mosaic_compaction_lookup", "fork": "mosaic_fork_lookup"}
 

@@ -51,7 +51,7 @@ import torch
 from horizonrl.agents import psi as _psi  # noqa: F401  (registers the conditioning maps)
 from horizonrl.config import RunConfig, load_config
 from horizonrl.train.recipes import packaged_config, run_sft
-from horizonrl.train.trainers import make_trainer
+from horizonrl.train.trainers.registry import make_trainer
 
 METHODS = ("grpo", "rtpo", "rtpo_flat", "seeupo")
 

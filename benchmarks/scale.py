@@ -56,7 +56,7 @@ def bench_ray(args) -> dict:
     import shaped_env
     from horizonrl import cluster
     from horizonrl.config import load_config
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     out: dict = {}
     t = time.perf_counter()
@@ -119,7 +119,7 @@ def bench_torchrun(args) -> dict:
 def bench_async(args) -> dict:
     import shaped_env  # noqa: F401
     from horizonrl.config import load_config
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     out: dict = {}
     for k in (0, 1):

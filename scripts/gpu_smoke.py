@@ -102,7 +102,7 @@ def run(
 ) -> dict:
     """``steps`` GRPO steps on the arithmetic env with ``engine``; per-step throughput and ratio."""
     from horizonrl.config import load_config
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     size = ["rollout.group_size=4", "rollout.tasks_per_step=2", "rollout.max_new_tokens=24"]
     if not cpu:  # 64 rollouts per step, the issue's batch
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     ]
     if args.cpu:
         from horizonrl.config import ModelConfig
-        from horizonrl.train.bootstrap import build_tiny
+        from horizonrl.train.warmstart.bootstrap import build_tiny
 
         first = work / "tiny"
         if not (first / "config.json").exists():

@@ -16,7 +16,7 @@ def _threads():
 def tiny_model_dir(tmp_path_factory):
     """A very small model + tokenizer built the same way as the embedded default."""
     from horizonrl.config import ModelConfig
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     path = tmp_path_factory.mktemp("tiny") / "model"
     build_tiny(

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shaped_env  # noqa: F401  (registers arith_shaped)
 from horizonrl.config import load_config
-from horizonrl.train.trainers import make_trainer
+from horizonrl.train.trainers.registry import make_trainer
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from horizonrl.agents.react import start_episode
 from horizonrl.envs import get_env
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
-from horizonrl.train.collect import rollout_metrics
+from horizonrl.train.rollout.collect import rollout_metrics
 from horizonrl.trajectory import build_rows
 
 

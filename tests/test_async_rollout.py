@@ -24,8 +24,8 @@ import shaped_env  # noqa: F401  (registers arith_shaped)
 from horizonrl.config import load_config
 from horizonrl.inference import HFEngine
 from horizonrl.models import load_model_and_tokenizer
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.metrics import read_metrics
+from horizonrl.train.records.metrics import read_metrics
+from horizonrl.train.trainers.group import GroupTrainer
 from horizonrl.trajectory import read_jsonl
 from shaped_env import small_run_overrides
 
@@ -119,7 +119,7 @@ def test_async_settings_that_cannot_work_are_refused(tiny_model_dir, tmp_path):
         GroupTrainer(
             _cfg(tiny_model_dir, tmp_path / "x", "train.max_staleness=1", "train.max_gen_tokens=1000")
         )
-    from horizonrl.train.rtpo_trainer import RTPOTrainer
+    from horizonrl.train.methods.rtpo import RTPOTrainer
 
     with pytest.raises(
         ValueError, match=r"train.max_staleness=1: asynchronous rollouts need train.trainer=group"
@@ -141,7 +141,7 @@ sys.path.insert(0, sys.argv[1])
 import shaped_env  # noqa
 import torch
 from horizonrl.config import load_config
-from horizonrl.train.trainers import make_trainer
+from horizonrl.train.trainers.registry import make_trainer
 torch.set_num_threads(1)
 out = {}
 for name, extra in (("group", ["algo.kl_coef=0.01", "algo.mini_batches=2", "algo.micro_batch_tokens=300"]),

@@ -14,7 +14,7 @@ from horizonrl.credit import get_estimator
 from horizonrl.credit.ccpo_features import prompt_observations
 from horizonrl.credit.gigpo import discounted_returns, episode_advantage, hgpo_advantage
 from horizonrl.losses import aggregate, policy_loss, token_coefficients
-from horizonrl.train.update import rollout_mini_batches
+from horizonrl.train.update.ppo import rollout_mini_batches
 from horizonrl.trajectory import Rollout, Row, Segment, Turn
 
 TRAJ = [0, 0, 0, 1, 1, 1, 1, 2, 2]

@@ -11,9 +11,9 @@ from horizonrl.agents.psi import flat_prompts
 from horizonrl.config import load_config
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.models import load_model_and_tokenizer
-from horizonrl.train.budget import BudgetedEngine, TokenBudget
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.update import ppo_update
+from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.trainers.group import GroupTrainer
+from horizonrl.train.update.ppo import ppo_update
 from horizonrl.trajectory import build_rows
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
-from horizonrl.train import checkpoint as ckpt
-from horizonrl.train.bootstrap import generate_demos
-from horizonrl.train.collect import pass_at_k
-from horizonrl.train.sft import demo_rows, sft_train
+from horizonrl.train.records import checkpoint as ckpt
+from horizonrl.train.rollout.collect import pass_at_k
+from horizonrl.train.warmstart.bootstrap import generate_demos
+from horizonrl.train.warmstart.sft import demo_rows, sft_train
 
 
 def test_pass_at_k_by_hand():

@@ -14,7 +14,7 @@ import pytest
 from horizonrl.config import ConfigError, load_config
 from horizonrl.envs import CustomEnv, Task, ToolError, format_answer, format_tool_call, get_env, tool
 from horizonrl.envs.custom import tool_schema
-from horizonrl.train.env_setup import env_setup
+from horizonrl.train.rollout.env_setup import env_setup
 from horizonrl.trajectory import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,8 +299,8 @@ def test_the_example_expert_solves_its_tasks(monkeypatch):
 
 
 def test_the_example_trains_two_steps_on_the_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
-    from horizonrl.train.group_trainer import GroupTrainer
-    from horizonrl.train.metrics import read_metrics
+    from horizonrl.train.records.metrics import read_metrics
+    from horizonrl.train.trainers.group import GroupTrainer
 
     monkeypatch.chdir(ROOT)  # the example's paths are relative to the repository root
     cfg = load_config(

@@ -12,7 +12,7 @@ import pytest
 
 from horizonrl.reproduce import Settings, get_paper, list_papers
 from horizonrl.reproduce.runner import stage_config
-from horizonrl.train.checks import check_run
+from horizonrl.train.trainers.checks import check_run
 
 ARMS = [(name, arm.name) for name in list_papers() for arm in get_paper(name).arms]
 SCENARIOS = [

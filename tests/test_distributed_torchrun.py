@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizonrl.train.checkpoint import read_weights
+from horizonrl.train.records.checkpoint import read_weights
 from shaped_env import small_run_overrides
 
 pytestmark = pytest.mark.distributed

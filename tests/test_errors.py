@@ -22,9 +22,9 @@ from horizonrl.credit import register_estimator
 from horizonrl.errors import ConfigError, DataError, HorizonWarning, NonFiniteError
 from horizonrl.jsonl import MAX_INT_DIGITS, append_jsonl, read_jsonl
 from horizonrl.safe_yaml import load_yaml
-from horizonrl.train import checkpoint as ckpt
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.metrics import read_metrics
+from horizonrl.train.records import checkpoint as ckpt
+from horizonrl.train.records.metrics import read_metrics
+from horizonrl.train.trainers.group import GroupTrainer
 from horizonrl.trajectory import Rollout, Segment, Turn, UnknownFieldWarning, write_jsonl
 from horizonrl.trajectory import read_jsonl as read_rollouts
 
@@ -199,8 +199,8 @@ def test_bad_command_line_arguments_of_demos(capsys, tmp_path, argv, expect):
 
 
 def test_packaged_configs_pass_the_start_checks():
-    from horizonrl.train.checks import check_run
     from horizonrl.train.recipes import packaged_config
+    from horizonrl.train.trainers.checks import check_run
 
     configs = sorted(packaged_config("quickstart").parent.glob("*.yaml"))
     assert len(configs) >= 20

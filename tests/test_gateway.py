@@ -42,7 +42,7 @@ def gw(tiny_model_dir):
     from horizonrl.gateway import Gateway, ServerThread
     from horizonrl.inference import HFEngine
     from horizonrl.models import load_tokenizer
-    from horizonrl.train.bootstrap import load_policy
+    from horizonrl.train.warmstart.bootstrap import load_policy
 
     model, tok = load_policy(
         ModelConfig(path=str(tiny_model_dir), device="cpu"), init=None, work_dir=tiny_model_dir
@@ -373,7 +373,7 @@ HARNESS = textwrap.dedent(
 
 def test_gateway_trainer_two_steps(tiny_model_dir, tmp_path, monkeypatch):
     from horizonrl.config import from_dict
-    from horizonrl.train.trainers import make_trainer
+    from horizonrl.train.trainers.registry import make_trainer
     from horizonrl.trajectory import read_jsonl
 
     (tmp_path / "my_harness.py").write_text(HARNESS)
@@ -419,7 +419,7 @@ def test_gateway_trainer_two_steps(tiny_model_dir, tmp_path, monkeypatch):
 
 def test_gateway_trainer_config_errors(tiny_model_dir, tmp_path):
     from horizonrl.config import ConfigError, from_dict
-    from horizonrl.train.trainers import make_trainer
+    from horizonrl.train.trainers.registry import make_trainer
 
     base = {"model": {"path": str(tiny_model_dir)}, "train": {"trainer": "gateway", "out_dir": str(tmp_path)}}
     with pytest.raises(ConfigError, match=r"exactly one of gateway\.command and gateway\.callable"):

@@ -13,14 +13,14 @@ from horizonrl import credit
 from horizonrl.config import RunConfig, from_dict
 from horizonrl.credit.ccpo_features import step_batch_from_groups
 from horizonrl.models import load_model_and_tokenizer
-from horizonrl.train.features import compute_features
-from horizonrl.train.hidden import (
+from horizonrl.train.methods.ccpo import (
     HiddenStateCache,
     hidden,
     last_token_states,
     reference_model,
     support_rates,
 )
+from horizonrl.train.trainers.features import compute_features
 from horizonrl.trajectory import Group, Rollout, Segment, Turn
 
 
@@ -241,7 +241,7 @@ def test_the_ccpo_estimator_runs_on_the_provided_states(model_tok):
 
 def test_one_group_trainer_step_with_ccpo_and_the_stepwise_agent(tiny_model_dir, tmp_path):
     import horizonrl.agents.stepwise  # noqa: F401  (registers the agent)
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     cfg = from_dict(
         {

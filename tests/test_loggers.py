@@ -12,8 +12,8 @@ import pytest
 
 from horizonrl.cli import main
 from horizonrl.config import LOGGERS, load_config
-from horizonrl.train import loggers as lg
-from horizonrl.train.metrics import MetricsLogger, TornLineWarning, read_metrics
+from horizonrl.train.records import loggers as lg
+from horizonrl.train.records.metrics import MetricsLogger, TornLineWarning, read_metrics
 from horizonrl.trajectory import Rollout, Segment, Turn
 
 TINY = [
@@ -188,7 +188,7 @@ def test_trainer_logs_to_mlflow_and_tensorboard(tiny_model_dir, tmp_path, monkey
     pytest.importorskip("tensorboard")
     from mlflow import MlflowClient
 
-    from horizonrl.train.trainers import make_trainer
+    from horizonrl.train.trainers.registry import make_trainer
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     overrides = [

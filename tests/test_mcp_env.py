@@ -17,7 +17,7 @@ from horizonrl.config import load_config
 from horizonrl.envs import Task, format_answer, format_tool_call, register_env
 from horizonrl.envs.mcp import MCPEnv, MCPError, server_for
 from horizonrl.inference import SamplingParams
-from horizonrl.train.collect import collect_groups
+from horizonrl.train.rollout.collect import collect_groups
 
 SERVER = textwrap.dedent(
     '''
@@ -136,7 +136,7 @@ def test_calls_are_recorded_as_ordinary_tool_turns_in_rollouts(server_cmd, tiny_
 
 
 def test_a_training_step_on_the_mcp_env(server_cmd, tiny_model_dir, tmp_path):
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     tasks = tmp_path / "tasks.jsonl"
     rows = [{"prompt": f"How many {x}?", "answer": str(n)} for x, n in [("apples", 3), ("pears", 5)] * 1]

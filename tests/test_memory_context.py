@@ -31,8 +31,8 @@ from horizonrl.envs import get_env
 from horizonrl.inference import HFEngine
 from horizonrl.inference.base import SamplingParams
 from horizonrl.models import ChatRenderer, TinyModelConfig, build_tiny_model, train_tokenizer
-from horizonrl.train.bootstrap import tokenizer_corpus
 from horizonrl.train.recipes import expert_program_rows
+from horizonrl.train.warmstart.bootstrap import tokenizer_corpus
 from horizonrl.trajectory import Group, build_rows, rollout_from_dict, rollout_to_dict
 
 KNOBS = {"hops": 4, "n_entities": 4, "obs_facts": 6}

@@ -10,8 +10,8 @@ import torch
 from horizonrl.config import ConfigError, load_config
 from horizonrl.losses import rollout_correction
 from horizonrl.models import load_model_and_tokenizer
-from horizonrl.train.batching import collate
-from horizonrl.train.update import UpdateSettings, ppo_update, score_rows
+from horizonrl.train.update.batching import collate
+from horizonrl.train.update.ppo import UpdateSettings, ppo_update, score_rows
 from horizonrl.trajectory import Row
 
 LOG = math.log

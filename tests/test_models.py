@@ -358,7 +358,7 @@ def test_reloaded_tokenizer_segments_text_exactly_as_trained(tmp_path):
 
 
 def test_packed_copy_problems_keep_their_targets():
-    from horizonrl.train.pretrain import _pack, _recall_batch
+    from horizonrl.train.warmstart.pretrain import _pack, _recall_batch
 
     gen = torch.Generator().manual_seed(0)
     n, rows, pack = 5, 3, 4
@@ -386,7 +386,7 @@ def test_build_tiny_reports_its_pretraining(tmp_path):
     import json
 
     from horizonrl.config import ModelConfig
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     build_tiny(ModelConfig(tiny_hidden=32, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), tmp_path)
     rep = json.loads((tmp_path / "pretrain.json").read_text())

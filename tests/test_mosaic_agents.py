@@ -22,8 +22,8 @@ from horizonrl.envs.tools import format_answer, format_tool_call
 from horizonrl.inference import HFEngine
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
-from horizonrl.train.collect import collect_groups
-from horizonrl.train.info_gain import PROBE, mosaic_gains
+from horizonrl.train.methods.info_gain import PROBE, mosaic_gains
+from horizonrl.train.rollout.collect import collect_groups
 from horizonrl.trajectory import Group, Rollout, Segment, Turn
 
 KNOBS = {"hops": 3, "obs_facts": 3}

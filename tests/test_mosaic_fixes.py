@@ -11,8 +11,8 @@ from horizonrl.envs import get_env
 from horizonrl.envs.tools import format_answer, format_tool_call
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
-from horizonrl.train.batching import collate, token_logprobs
-from horizonrl.train.info_gain import PROBE, probe_split, session_contexts
+from horizonrl.train.methods.info_gain import PROBE, probe_split, session_contexts
+from horizonrl.train.update.batching import collate, token_logprobs
 from horizonrl.trajectory import Rollout, Segment, Turn, build_rows
 from test_mosaic_agents import _run
 

@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 
 from horizonrl.config import load_config
-from horizonrl.train.group_trainer import GroupTrainer
+from horizonrl.train.trainers.group import GroupTrainer
 
 SMALL = [
     "rollout.group_size=2",

@@ -26,7 +26,7 @@ import shaped_env  # noqa: E402  (registers arith_shaped)
 from horizonrl import cluster  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.credit import flatten_rollouts  # noqa: E402
-from horizonrl.train.group_trainer import GroupTrainer  # noqa: E402
+from horizonrl.train.trainers.group import GroupTrainer  # noqa: E402
 from shaped_env import small_run_overrides  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -235,7 +235,7 @@ def test_a_run_with_environment_workers_matches_a_local_run(ray_session, tiny_mo
 
 
 def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_model_dir, tmp_path):
-    from horizonrl.train.rtpo_trainer import RTPOTrainer
+    from horizonrl.train.methods.rtpo import RTPOTrainer
 
     common = (
         "train.trainer=rtpo",
@@ -312,7 +312,7 @@ def test_engine_errors_surface_and_release_ray(ray_session, tiny_model_dir, tmp_
 def test_two_vllm_replicas_match_one_local_vllm_engine(ray_session, tmp_path):
     pytest.importorskip("horizonrl.inference.vllm_engine")
     from horizonrl.config import ModelConfig
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     model_dir = tmp_path / "vtiny"  # vLLM's CPU kernels want a head size of at least 32
     build_tiny(ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), model_dir)

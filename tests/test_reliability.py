@@ -25,9 +25,9 @@ import horizonrl
 from horizonrl.cli import main
 from horizonrl.config import ConfigError, load_config
 from horizonrl.errors import CheckpointError, HorizonWarning
-from horizonrl.train import checkpoint as ckpt
-from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS, GroupTrainer
-from horizonrl.train.metrics import read_metrics
+from horizonrl.train.records import checkpoint as ckpt
+from horizonrl.train.records.metrics import read_metrics
+from horizonrl.train.trainers.group import NONDETERMINISTIC_KEYS, GroupTrainer
 from shaped_env import arith_run_overrides
 
 SRC = str(Path(horizonrl.__file__).resolve().parents[1])

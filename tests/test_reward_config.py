@@ -15,7 +15,7 @@ import pytest
 from horizonrl.config import ConfigError, load_config
 from horizonrl.envs import format_answer
 from horizonrl.rewards import AnswerReward, RewardConfigError, make_reward
-from horizonrl.train.env_setup import env_setup
+from horizonrl.train.rollout.env_setup import env_setup
 
 # -- named and user rewards --------------------------------------------------------------------------------
 
@@ -184,7 +184,7 @@ def judge_server(tiny_model_dir, tmp_path_factory):
 
 def test_a_run_rewarded_by_the_judge_served_by_horizonrl_serve(judge_server, tiny_model_dir, tmp_path):
     from horizonrl.judge import LLMJudge
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
     from horizonrl.trajectory import read_jsonl
 
     run = tmp_path / "run"

@@ -12,14 +12,14 @@ import pytest
 from horizonrl import credit
 from horizonrl.config import load_config
 from horizonrl.credit.mosaic import normalize_session_gains, session_aware_advantage
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.rollout_log import (
+from horizonrl.train.records.rollout_log import (
     credit_records,
     decode_advantages,
     encode_advantages,
     token_advantages,
     write_rollout_log,
 )
+from horizonrl.train.trainers.group import GroupTrainer
 from horizonrl.trajectory import (
     Group,
     Rollout,
@@ -266,7 +266,7 @@ def test_grpo_log_round_trip_and_unknown_fields(tmp_path):
 
 
 def test_rtpo_stage_records_trunk_boundary_and_sibling(tiny_model_dir, tmp_path):
-    from horizonrl.train.rtpo_trainer import RTPOTrainer
+    from horizonrl.train.methods.rtpo import RTPOTrainer
 
     overrides = [
         *TINY_ARITHMETIC,

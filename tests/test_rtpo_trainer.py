@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from horizonrl.config import load_config
-from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS
-from horizonrl.train.metrics import read_metrics
-from horizonrl.train.rtpo_trainer import RTPOTrainer, agent_turns, downstream_turns
-from horizonrl.train.seeupo import SeeUPOTrainer
-from horizonrl.train.update import consistency_metrics
+from horizonrl.train.methods.rtpo import RTPOTrainer, agent_turns, downstream_turns
+from horizonrl.train.methods.seeupo import SeeUPOTrainer
+from horizonrl.train.records.metrics import read_metrics
+from horizonrl.train.trainers.group import NONDETERMINISTIC_KEYS
+from horizonrl.train.update.ppo import consistency_metrics
 from horizonrl.trajectory import read_jsonl
 
 

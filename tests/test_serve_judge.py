@@ -591,7 +591,7 @@ def test_resolve_checkpoint_paths_and_missing_model(tmp_path):
 
 
 def test_chat_endpoint_knob_becomes_a_bound_chat_callable():
-    from horizonrl.train.env_knobs import resolve_knobs
+    from horizonrl.train.rollout.env_knobs import resolve_knobs
 
     out = resolve_knobs(
         {

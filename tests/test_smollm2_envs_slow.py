@@ -12,7 +12,7 @@ from horizonrl.config import load_config
 @pytest.mark.slow
 def test_smollm2_math_python_two_steps(tmp_path):
     pytest.importorskip("gguf")
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     path = resources.files("horizonrl") / "configs" / "smollm2_math_python.yaml"
     cfg = load_config(

@@ -221,7 +221,7 @@ def test_expert_program_warm_start_matches_the_demo_records(renderer):
     """``horizonrl sft`` drives this program with the expert engine; its rows equal the demo records' rows."""
     from horizonrl.config import from_dict
     from horizonrl.train.recipes import expert_program_rows
-    from horizonrl.train.sft import demo_rows
+    from horizonrl.train.warmstart.sft import demo_rows
 
     cfg = from_dict(
         {

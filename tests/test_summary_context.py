@@ -27,8 +27,8 @@ from horizonrl.envs import get_env
 from horizonrl.envs.base import StepResult
 from horizonrl.inference.base import SamplingParams
 from horizonrl.models import ChatRenderer, train_tokenizer
-from horizonrl.train.bootstrap import tokenizer_corpus
 from horizonrl.train.recipes import expert_program_rows
+from horizonrl.train.warmstart.bootstrap import tokenizer_corpus
 from horizonrl.trajectory import Group, Turn, build_rows
 
 KNOBS = {"hops": 4, "n_entities": 4, "obs_facts": 6}

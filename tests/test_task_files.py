@@ -14,7 +14,7 @@ from horizonrl.config import ConfigError, load_config
 from horizonrl.envs import format_answer, format_tool_call
 from horizonrl.envs.common import split_of
 from horizonrl.envs.taskfile import TaskFileError, TaskFileSpec, load_task_file
-from horizonrl.train.env_setup import env_setup
+from horizonrl.train.rollout.env_setup import env_setup
 
 pytest.importorskip("datasets")
 

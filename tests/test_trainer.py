@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from horizonrl.config import load_config
-from horizonrl.train import checkpoint as ckpt
-from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS, GroupTrainer
-from horizonrl.train.metrics import read_metrics
+from horizonrl.train.records import checkpoint as ckpt
+from horizonrl.train.records.metrics import read_metrics
+from horizonrl.train.trainers.group import NONDETERMINISTIC_KEYS, GroupTrainer
 from horizonrl.trajectory import read_jsonl
 from shaped_env import arith_run_overrides
 

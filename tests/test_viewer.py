@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from horizonrl.cli import main
-from horizonrl.train.rollout_log import credit_records, write_rollout_log
+from horizonrl.train.records.rollout_log import credit_records, write_rollout_log
 from horizonrl.trajectory import Group, Rollout, Segment, Span, Turn, build_rows
 from horizonrl.viz.data import Run, credit_sign, read_rollout_file, step_payload
 from horizonrl.viz.html import build_html

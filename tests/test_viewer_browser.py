@@ -17,8 +17,8 @@ from importlib import resources
 import pytest
 
 from horizonrl.config import load_config
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.rollout_log import decode_advantages
+from horizonrl.train.records.rollout_log import decode_advantages
+from horizonrl.train.trainers.group import GroupTrainer
 from horizonrl.viz.html import write_html
 from horizonrl.viz.serve import ViewerServer
 
@@ -260,7 +260,7 @@ def _quickstart_sized_run(root, tokenizer_dir, steps=40, tasks=16, group=8):
                         "rows": [[len(ros) - 1] * 2],
                     }
                 )
-        from horizonrl.train.rollout_log import write_rollout_log
+        from horizonrl.train.records.rollout_log import write_rollout_log
 
         write_rollout_log(root / "rollouts" / f"step_{step}.jsonl", ros, notes)
         metrics.append(json.dumps({"step": step, "reward/mean": float(np.mean([r.reward for r in ros]))}))

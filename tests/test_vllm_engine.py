@@ -31,7 +31,7 @@ TOL = 1e-5  # float32 log-probs, vLLM vs a teacher-forced HF forward
 def vllm_tiny_dir(tmp_path_factory):
     """A tiny model vLLM's CPU attention supports (head_dim 32: hidden 128, 4 heads)."""
     from horizonrl.config import ModelConfig
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     path = tmp_path_factory.mktemp("vtiny") / "model"
     build_tiny(ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), path)

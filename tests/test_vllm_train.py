@@ -18,8 +18,8 @@ pytestmark = pytest.mark.vllm
 
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.inference import SamplingParams  # noqa: E402
-from horizonrl.train.group_trainer import NONDETERMINISTIC_KEYS, GroupTrainer  # noqa: E402
-from horizonrl.train.metrics import read_metrics  # noqa: E402
+from horizonrl.train.records.metrics import read_metrics  # noqa: E402
+from horizonrl.train.trainers.group import NONDETERMINISTIC_KEYS, GroupTrainer  # noqa: E402
 from shaped_env import arith_run_overrides  # noqa: E402
 
 RATIO_TOL = 1e-3
@@ -28,7 +28,7 @@ RATIO_TOL = 1e-3
 @pytest.fixture(scope="module")
 def vllm_tiny_dir(tmp_path_factory):
     from horizonrl.config import ModelConfig
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     path = tmp_path_factory.mktemp("vtiny") / "model"
     build_tiny(ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), path)
@@ -130,8 +130,8 @@ def test_compaction_mosaic_with_recompute_and_tis(vllm_tiny_dir, tmp_path):
 def test_rtpo_with_a_stale_engine_checkpoints_its_weights(vllm_tiny_dir, tmp_path):
     """rtpo.sync_every=2: one engine that keeps its weights between syncs (shared=False), whose
     weights a checkpoint between stages holds; freshly synced stages keep the ratio at 1."""
-    from horizonrl.train import checkpoint as ckpt
-    from horizonrl.train.rtpo_trainer import RTPOTrainer
+    from horizonrl.train.methods.rtpo import RTPOTrainer
+    from horizonrl.train.records import checkpoint as ckpt
 
     cfg = _grpo(
         vllm_tiny_dir,

@@ -13,7 +13,7 @@ from horizonrl.errors import HorizonWarning, is_user_error
 
 
 def _cmd_train(args) -> int:
-    from horizonrl.train.trainers import make_trainer
+    from horizonrl.train.trainers.registry import make_trainer
 
     cfg = load_config(args.config, args.overrides)
     trainer = make_trainer(cfg, resume=args.resume)
@@ -45,8 +45,8 @@ def _cmd_eval(args) -> int:
 
 def _cmd_demos(args) -> int:
     from horizonrl.jsonl import loads
-    from horizonrl.train.bootstrap import generate_demos, write_demos
-    from horizonrl.train.checks import check_env_knobs
+    from horizonrl.train.trainers.checks import check_env_knobs
+    from horizonrl.train.warmstart.bootstrap import generate_demos, write_demos
 
     knobs = {}
     if args.knobs:
@@ -260,7 +260,7 @@ def _cmd_serve(args) -> int:
 
 def _cmd_gateway(args) -> int:
     if args.config is not None or args.overrides:  # trainer mode
-        from horizonrl.train.trainers import make_trainer
+        from horizonrl.train.trainers.registry import make_trainer
 
         if args.model is not None:
             args.overrides = [args.model, *args.overrides]  # argparse put the first override there

@@ -25,7 +25,7 @@ import yaml
 from horizonrl.errors import ConfigError
 from horizonrl.safe_yaml import load_yaml
 
-#: Experiment loggers ``train.loggers`` may name (``horizonrl.train.loggers`` registers each; a test
+#: Experiment loggers ``train.loggers`` may name (``horizonrl.train.records.loggers`` registers each; a test
 #: keeps the two equal).
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow", "trackio")
 
@@ -390,7 +390,8 @@ class TrainConfig(_Section):
     max_gen_tokens: int = opt(
         0,
         "generation budget in generated tokens (all engine calls; 0 = none): a phase predicted to overrun "
-        "it does not start, and generation is clipped so the budget is never exceeded (train/budget.py)",
+        "it does not start, and generation is clipped so the budget is never exceeded "
+        "(train/rollout/budget.py)",
         ge=0,
         resume=True,
     )
@@ -421,7 +422,7 @@ class TrainConfig(_Section):
     max_staleness: int = opt(
         0,
         "asynchronous rollouts (group trainer): the batch of step s is sampled by the weights of step "
-        "max(0, s - k) on a separate engine copy while earlier steps train (train/async_rollout.py); "
+        "max(0, s - k) on a separate engine copy while earlier steps train (train/rollout/staleness.py); "
         "0 = synchronous (every batch sampled by the weights it trains)",
         ge=0,
     )
@@ -503,7 +504,7 @@ class InferenceConfig(_Section):
 
 @dataclass(frozen=True)
 class DistributedConfig(_Section):
-    """Where rollouts and the update run (docs/scale.md; horizonrl.distributed, train/distributed.py)."""
+    """Where rollouts and the update run (docs/scale.md; train/update/distributed.py)."""
 
     _prefix = "distributed."
     backend: str = opt(

@@ -113,7 +113,7 @@ def create_app(
 def resolve_model_path(model_path: str | Path) -> str:
     """``tiny``/``smollm2`` as is; a run directory or ``checkpoints`` directory -> its latest
     checkpoint; anything else unchanged (loading reports what is missing)."""
-    from horizonrl.train.checkpoint import latest_checkpoint
+    from horizonrl.train.records.checkpoint import latest_checkpoint
 
     text = str(model_path)
     if text in ("tiny", "smollm2"):
@@ -145,7 +145,7 @@ def load_engine(
     ``~/.cache/horizonrl/tiny``) the first time and loaded from there afterwards."""
     from horizonrl.config import ModelConfig
     from horizonrl.inference.hf import HFEngine
-    from horizonrl.train.bootstrap import load_policy
+    from horizonrl.train.warmstart.bootstrap import load_policy
 
     path = resolve_model_path(model_path)
     work_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE / "tiny"

@@ -34,7 +34,7 @@ Warm start: every ``Generate`` request carries the environment's expert
 (``env.expert_action``), so ``horizonrl sft`` with ``rollout.agent: stepwise``
 records expert rollouts of this very program (:mod:`horizonrl.agents.expert`);
 :func:`stepwise_demos` writes the same steps as chat records (``{messages,
-tools}``, one per step, :mod:`horizonrl.train.sft`) for ``sft.data`` files.
+tools}``, one per step, :mod:`horizonrl.train.warmstart.sft`) for ``sft.data`` files.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def stepwise_demos(
 ) -> list[dict[str, Any]]:
     """SFT records of ``n`` noisy-expert episodes on training tasks of ``env_name`` (one record per step).
 
-    Same task stream as :func:`horizonrl.train.bootstrap.generate_demos`; the
+    Same task stream as :func:`horizonrl.train.warmstart.bootstrap.generate_demos`; the
     format parameters are the ``stepwise`` agent's (pass ``rollout.agent_params``).
     """
     fmt = StepFormat(history=history, tools=tools, admissible=admissible, task_lines=task_lines)

@@ -66,7 +66,7 @@ class EstimatorSpec:
     ``loss_agg_mode`` is the aggregation mode (``horizonrl.losses.aggregate``) the
     method is defined with; a config may override it. ``needs`` names keyword
     inputs the trainer must compute with a model (``gains``, ``scores``,
-    ``hidden``; see ``horizonrl.train.features``). ``agg_source`` says where the
+    ``hidden``; see ``horizonrl.train.trainers.features``). ``agg_source`` says where the
     default aggregation comes from (the paper or reference implementation).
     """
 

@@ -1,7 +1,7 @@
 """Side information of an estimator: what it computed on the way to the advantages.
 
 The run viewer (``horizonrl view``) shows it beside each rollout, session and turn,
-and ``rollouts/step_N.jsonl`` stores it (``train/rollout_log.py``). An estimator
+and ``rollouts/step_N.jsonl`` stores it (``train/records/rollout_log.py``). An estimator
 reports it with :func:`record_side_info`; nothing is recorded (and the call costs
 one context-variable lookup) unless the caller opened a :func:`collect_side_info`
 block, so estimators that report nothing need no change and tests that call

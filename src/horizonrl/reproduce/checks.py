@@ -43,7 +43,7 @@ def _tokenizer_dir(cfg: RunConfig):
     """A directory with the run's tokenizer (the tiny one is built once, cached; no model weights used)."""
     from pathlib import Path
 
-    from horizonrl.train.bootstrap import build_tiny
+    from horizonrl.train.warmstart.bootstrap import build_tiny
 
     if cfg.model.path != "tiny":
         return cfg.model.path
@@ -154,7 +154,7 @@ def echo_checks(
 
 
 def ccpo_checks(cfg: RunConfig, *, exact: float = 0.5, aliased: float = 0.2) -> list[Row]:
-    from horizonrl.train.hidden import aliased_rate, support_rates
+    from horizonrl.train.methods.ccpo import aliased_rate, support_rates
 
     groups = expert_groups(cfg, n_tasks=24)
     sup, ex = support_rates(groups, observation="text")

@@ -309,7 +309,7 @@ def _as_done(pool, fn, items):
 
 def summarize_run(out_dir: Path, diagnostics: list[str], wall_s: float) -> dict[str, Any]:
     """``result.json`` of a finished run: evaluations (per task), budget, diagnostics, wall time."""
-    from horizonrl.train.metrics import read_metrics
+    from horizonrl.train.records.metrics import read_metrics
 
     evals = []
     for p in sorted((out_dir / "eval").glob("step_*.json"), key=lambda p: int(p.stem.split("_")[1])):
@@ -351,7 +351,7 @@ def summarize_run(out_dir: Path, diagnostics: list[str], wall_s: float) -> dict[
 def _run_one(spec: dict[str, Any]) -> None:
     import torch
 
-    from horizonrl.train.trainers import make_trainer
+    from horizonrl.train.trainers.registry import make_trainer
 
     torch.set_num_threads(1)
     cfg = load_config(spec["base"], spec["overrides"])

@@ -11,11 +11,17 @@ from typing import Any
 from horizonrl.agents import AgentSpec, LoopLimits
 from horizonrl.config import ConfigError, RunConfig, load_config
 from horizonrl.inference.base import SamplingParams
-from horizonrl.train.bootstrap import generate_demos, load_policy, read_demos, resolve_device, write_demos
-from horizonrl.train.checks import check_run, ensure_dir
-from horizonrl.train.collect import evaluate
-from horizonrl.train.env_setup import env_setup
-from horizonrl.train.sft import demo_rows, sft_train
+from horizonrl.train.rollout.collect import evaluate
+from horizonrl.train.rollout.env_setup import env_setup
+from horizonrl.train.trainers.checks import check_run, ensure_dir
+from horizonrl.train.warmstart.bootstrap import (
+    generate_demos,
+    load_policy,
+    read_demos,
+    resolve_device,
+    write_demos,
+)
+from horizonrl.train.warmstart.sft import demo_rows, sft_train
 
 
 def packaged_config(name: str) -> Path:
@@ -99,7 +105,7 @@ def expert_groups(
     the scripted expert at ``sft.noise`` (:class:`~horizonrl.agents.expert.ExpertEngine`): warm-start
     demonstrations of any protocol, and the regime checks of :mod:`horizonrl.reproduce.checks`."""
     from horizonrl.agents.expert import ExpertEngine
-    from horizonrl.train.collect import collect_groups
+    from horizonrl.train.rollout.collect import collect_groups
 
     setup = env_setup(cfg.env, run_dir=run_dir)
     tasks = setup.tasks(n_tasks, seed=cfg.env.seed, split="train")
@@ -241,7 +247,7 @@ def _table(rows: list[tuple[str, dict[str, Any]]], k: int) -> str:
 
 def quickstart(out_dir: str | Path = "runs/quickstart", overrides: list[str] | None = None) -> dict[str, Any]:
     """Tiny model → SFT on noisy expert demos → GRPO → before/after held-out table."""
-    from horizonrl.train.group_trainer import GroupTrainer
+    from horizonrl.train.trainers.group import GroupTrainer
 
     out = Path(out_dir)
     t0 = time.perf_counter()

@@ -175,7 +175,7 @@ def _to_dict(obj: Any) -> Any:
 
 #: Top-level keys of a rollout record that annotate it without being :class:`Rollout` fields:
 #: ``credit`` (per-token advantages, rows and estimator side information, written by
-#: ``horizonrl.train.rollout_log``). Loading skips them silently.
+#: ``horizonrl.train.records.rollout_log``). Loading skips them silently.
 ANNOTATION_KEYS = frozenset({"credit"})
 
 

@@ -29,7 +29,7 @@ import yaml
 
 from horizonrl.errors import DataError
 from horizonrl.jsonl import read_jsonl
-from horizonrl.train.metrics import read_metrics
+from horizonrl.train.records.metrics import read_metrics
 from horizonrl.trajectory import Rollout, UnknownFieldWarning
 from horizonrl.trajectory.io import rollout_from_record
 

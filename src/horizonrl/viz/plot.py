@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.train.metrics import read_metrics
+from horizonrl.train.records.metrics import read_metrics
 
 PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "reward": ("reward (train)", ("reward/mean",)),

@@ -197,7 +197,7 @@ class AirlineEnv(Env):
     Knobs: ``user`` (``scripted`` or ``llm``), ``user_chat`` (the ``chat(messages)
     -> str`` callable of the LLM customer; in a config, a mapping
     ``{chat_endpoint: URL, model: NAME, ...}`` that the trainer turns into one, see
-    :mod:`horizonrl.train.env_knobs`), ``max_steps`` (assistant messages per
+    :mod:`horizonrl.train.rollout.env_knobs`), ``max_steps`` (assistant messages per
     episode, default 40), ``max_user_turns`` (customer replies before it stops,
     default 15), ``max_calls_per_turn`` (default 4), ``check_actions`` (also
     require the expected actions, default False), ``max_obs_chars`` (cap on each

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from horizonrl.errors import DataError, NonFiniteError
-from horizonrl.train.batching import collate, micro_batches, token_logprobs
+from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
 from horizonrl.trajectory import Row
 
 

@@ -3,14 +3,14 @@
 One step (DESIGN.md, ``train/``): sample ``tasks_per_step`` tasks, collect ``G``
 rollouts each with the batched agent loop, ask the configured credit estimator
 for per-token advantages, build rows, run the PPO update, log, checkpoint. The
-run loop itself (evaluation, logging, checkpoints) is :class:`~horizonrl.train.base.Trainer`'s.
+run loop itself (evaluation, logging, checkpoints) is :class:`~horizonrl.train.trainers.loop.Trainer`'s.
 
 With ``algo.train_context: flat`` each agent turn is trained under its flat
 history ``S_k`` instead of the context it was sampled from (flattened GRPO, the
 RTPO paper's baseline; :func:`horizonrl.agents.psi.flat_view`). With
 ``train.max_gen_tokens`` the run ends before a step predicted to overrun the
 budget, and a step the budget cut short is discarded untrained
-(:mod:`horizonrl.train.budget`).
+(:mod:`horizonrl.train.rollout.budget`).
 """
 
 from __future__ import annotations
@@ -35,21 +35,20 @@ from horizonrl.config import RunConfig, save_config
 from horizonrl.errors import HorizonWarning
 from horizonrl.inference import SamplingParams
 from horizonrl.models import ChatRenderer
-from horizonrl.train import checkpoint as ckpt
-from horizonrl.train import hidden, info_gain  # noqa: F401  (register the feature providers)
-from horizonrl.train.base import Trainer
-from horizonrl.train.bootstrap import load_policy, resolve_device
-from horizonrl.train.budget import BudgetedEngine, TokenBudget
-from horizonrl.train.checks import check_resume_config, check_run, ensure_dir
-from horizonrl.train.collect import collect_groups, evaluate, rollout_metrics
-from horizonrl.train.distributed import DCP_MARK, NullLogger, init_world
-from horizonrl.train.env_setup import env_setup
-from horizonrl.train.features import compute_features
-from horizonrl.train.metrics import MetricsLogger
-from horizonrl.train.rollout_log import credit_records, write_rollout_log
-from horizonrl.train.trainers import register_trainer
-from horizonrl.train.update import UpdateSettings, ppo_update
-from horizonrl.train.workers import close_quietly, make_env_pool, make_rollout_engine
+from horizonrl.train.records import checkpoint as ckpt
+from horizonrl.train.records.metrics import MetricsLogger
+from horizonrl.train.records.rollout_log import credit_records, write_rollout_log
+from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.rollout.collect import collect_groups, evaluate, rollout_metrics
+from horizonrl.train.rollout.env_setup import env_setup
+from horizonrl.train.rollout.workers import close_quietly, make_env_pool, make_rollout_engine
+from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
+from horizonrl.train.trainers.features import compute_features
+from horizonrl.train.trainers.loop import Trainer
+from horizonrl.train.trainers.registry import register_trainer
+from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
+from horizonrl.train.update.ppo import UpdateSettings, ppo_update
+from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
 from horizonrl.trajectory import Group, build_rows
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
@@ -85,7 +84,7 @@ class GroupTrainer(Trainer):
         ckpt.clean_stale(self.ckpt_dir)
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
-        #: The torchrun group (None in one process): see train/distributed.py.
+        #: The torchrun group (None in one process): see train/update/distributed.py.
         self.world = init_world(cfg.distributed, self.device)
         self.is_main = self.world is None or self.world.is_main
         if self.world is not None:
@@ -160,7 +159,7 @@ class GroupTrainer(Trainer):
         #: Background collection of future batches (train.max_staleness > 0), else None.
         self.async_rollouts = None
         if cfg.train.max_staleness > 0:
-            from horizonrl.train.async_rollout import AsyncRollouts, check_async
+            from horizonrl.train.rollout.staleness import AsyncRollouts, check_async
 
             check_async(cfg, self.world)
             self.async_rollouts = AsyncRollouts(self)
@@ -193,7 +192,7 @@ class GroupTrainer(Trainer):
 
     def save(self) -> Path:
         if self.world is not None:
-            from horizonrl.train import distributed
+            from horizonrl.train.update import distributed
 
             state = self._state()
             state["optimizer"] = DCP_MARK  # sharded: in the DCP files with the model
@@ -217,10 +216,10 @@ class GroupTrainer(Trainer):
         )
 
     def _restore(self, ck: ckpt.Checkpoint) -> None:
-        """Restore a checkpoint read whole by :func:`~horizonrl.train.checkpoint.load_latest`."""
+        """Restore a checkpoint read whole by :func:`~horizonrl.train.records.checkpoint.load_latest`."""
         st = ck.state
         if self.world is not None or st["optimizer"] == DCP_MARK:  # torch distributed checkpointing
-            from horizonrl.train.distributed import load_checkpoint
+            from horizonrl.train.update.distributed import load_checkpoint
 
             load_checkpoint(ck.path, self.model, self.optimizer)
         else:

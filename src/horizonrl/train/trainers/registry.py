@@ -1,6 +1,6 @@
 """Registry of trainers (``train.trainer`` in configs).
 
-``group`` (:class:`~horizonrl.train.group_trainer.GroupTrainer`: GRPO, Mosaic,
+``group`` (:class:`~horizonrl.train.trainers.group.GroupTrainer`: GRPO, Mosaic,
 CCPO, ECHO and every estimator over groups of rollouts) is built in; the
 reverse-turn trainers register themselves in their modules (``rtpo``, ``seeupo``),
 and so does the recording-gateway trainer (``gateway``, needs the serve extra).
@@ -18,10 +18,10 @@ from horizonrl.errors import ConfigError
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 # Modules that register trainers; imported on first use (they pull in torch and models).
 _MODULES = (
-    "horizonrl.train.group_trainer",
-    "horizonrl.train.rtpo_trainer",
-    "horizonrl.train.seeupo",
-    "horizonrl.train.gateway_trainer",
+    "horizonrl.train.trainers.group",
+    "horizonrl.train.methods.rtpo",
+    "horizonrl.train.methods.seeupo",
+    "horizonrl.train.trainers.gateway",
 )
 
 
@@ -51,7 +51,7 @@ def list_trainers() -> list[str]:
 
 def make_trainer(cfg, *, resume: bool = False):
     """The trainer named by ``cfg.train.trainer``, constructed from ``cfg``."""
-    from horizonrl.train.loggers import check_loggers
+    from horizonrl.train.records.loggers import check_loggers
 
     _load()
     name = cfg.train.trainer

@@ -22,7 +22,7 @@ from horizonrl.envs import get_env
 from horizonrl.envs.base import Env, Task
 from horizonrl.errors import DataError
 from horizonrl.jsonl import read_jsonl
-from horizonrl.train.pretrain import copy_accuracy, copy_converged, copy_pretrain
+from horizonrl.train.warmstart.pretrain import copy_accuracy, copy_converged, copy_pretrain
 
 
 def expert_demo(env: Env, task: Task, rng: random.Random, *, noise: float, max_turns: int) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def generate_demos(
 ) -> list[dict[str, Any]]:
     """``n`` expert demonstrations on training tasks of ``env_name``.
 
-    ``setup`` (a :class:`horizonrl.train.env_setup.EnvSetup`) takes the tasks and environments from
+    ``setup`` (a :class:`horizonrl.train.rollout.env_setup.EnvSetup`) takes the tasks and environments from
     the run's ``env.*`` (task files, rewards, user environments) instead of ``env_name``/``knobs``.
     """
     knobs = knobs or {}
@@ -137,7 +137,7 @@ def tokenizer_corpus(*, seed: int, per_env: int = 150) -> Iterator[str]:
 
 def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     """Train the tokenizer, build the randomly initialised tiny model, give it a brief
-    in-context copy pretraining (:mod:`horizonrl.train.pretrain`), save both to ``out_dir``."""
+    in-context copy pretraining (:mod:`horizonrl.train.warmstart.pretrain`), save both to ``out_dir``."""
     from horizonrl.envs.names import ENTITY_NAMES
     from horizonrl.models import TinyModelConfig, build_tiny_model, save_model_and_tokenizer, train_tokenizer
 

@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.seeding import SeededEngine
-from horizonrl.train import checkpoint as ckpt
+from horizonrl.train.records import checkpoint as ckpt
 
 DCP_DIR = "dcp"
 #: ``trainer_state.pt["optimizer"]`` of a checkpoint whose model and optimizer are in ``DCP_DIR``.
@@ -259,7 +259,7 @@ def save_checkpoint(
     keep: int,
 ) -> Path:
     """Model + optimizer through DCP (every rank), trainer state + HF weights (rank 0); atomic as
-    :func:`horizonrl.train.checkpoint.save_checkpoint`."""
+    :func:`horizonrl.train.records.checkpoint.save_checkpoint`."""
     import shutil
 
     import torch.distributed.checkpoint as dcp

@@ -32,7 +32,7 @@ concatenated full history ``S_k`` instead of ``c_k`` (what flattened GRPO does),
 which shows the rollout/train mismatch RTPO removes in ``train/ratio_geomean``.
 
 Budget, logging and checkpoints are the shared reverse-turn machinery's
-(:mod:`horizonrl.train.reverse_turn`): every generated rollout and token is
+(:mod:`horizonrl.train.trainers.reverse_turn`): every generated rollout and token is
 counted, ``rtpo.max_rollouts`` / ``train.max_gen_tokens`` end the run before a
 phase would exceed them, so a run can be matched to a GRPO run's budget.
 """
@@ -46,14 +46,14 @@ import numpy as np
 from horizonrl.agents.psi import Boundary, flat_prompts, resume_episode
 from horizonrl.agents.react import episode_program
 from horizonrl.credit.rtpo import off_policy_q_values, sibling_advantage
-from horizonrl.train.reverse_turn import (
+from horizonrl.train.trainers.registry import register_trainer
+from horizonrl.train.trainers.reverse_turn import (
     ReverseTurnTrainer,
     Sweep,
     agent_turns,
     downstream_turns,
     trunk_metrics,
 )
-from horizonrl.train.trainers import register_trainer
 from horizonrl.trajectory import Rollout
 
 

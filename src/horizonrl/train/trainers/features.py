@@ -37,7 +37,14 @@ def register_feature(name: str) -> Callable[[FeatureFn], FeatureFn]:
     return deco
 
 
+def _load() -> None:
+    import importlib
+
+    importlib.import_module("horizonrl.train.methods")
+
+
 def list_features() -> list[str]:
+    _load()
     return sorted(_REGISTRY)
 
 
@@ -45,6 +52,7 @@ def compute_features(
     trainer: Any, needs: Sequence[str], groups: Sequence[Group], params: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Values for every need not already in ``params``, and ``time/feature_<name>_s`` timings."""
+    _load()
     values: dict[str, Any] = {}
     timings: dict[str, float] = {}
     for need in needs:

@@ -1,6 +1,6 @@
 """Experiment-logger backends behind one interface (``train.loggers``).
 
-``metrics.jsonl`` (``jsonl``) is always written by :class:`~horizonrl.train.metrics.MetricsLogger`,
+``metrics.jsonl`` (``jsonl``) is always written by :class:`~horizonrl.train.records.metrics.MetricsLogger`,
 which fans every record out to the backends named here. Each backend logs
 
 - the run config once (:meth:`ExperimentLogger.__init__`),

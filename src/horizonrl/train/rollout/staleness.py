@@ -44,9 +44,9 @@ from typing import Any
 
 from horizonrl.inference.ray_engine import cpu_state_dict
 from horizonrl.models import ChatRenderer
-from horizonrl.train.budget import BudgetedEngine, TokenBudget
-from horizonrl.train.collect import collect_groups
-from horizonrl.train.workers import close_quietly
+from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
+from horizonrl.train.rollout.collect import collect_groups
+from horizonrl.train.rollout.workers import close_quietly
 
 
 def check_async(cfg, world) -> None:

@@ -12,7 +12,7 @@ Engine: with ``rtpo.sync_every = 1`` the engine shares the training model, so
 every stage samples from the current weights; otherwise it is a separate copy
 that only sees the weights at a sync (``theta_old`` of what it samples).
 
-Budget: every generated token is counted (:mod:`horizonrl.train.budget`,
+Budget: every generated token is counted (:mod:`horizonrl.train.rollout.budget`,
 ``train.max_gen_tokens``) and every generated rollout (trunk, sibling or chain)
 too (``rtpo.max_rollouts``, the paper's E.3 rule); a phase or stage predicted to
 overrun either does not start, and one the token budget cut short is discarded.
@@ -35,11 +35,11 @@ from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.config import ConfigError
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
 from horizonrl.errors import CheckpointError
-from horizonrl.train.checks import check_run
-from horizonrl.train.collect import rollout_metrics
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.rollout_log import reverse_stage_records, write_rollout_log
-from horizonrl.train.update import consistency_metrics, ppo_update, score_rows
+from horizonrl.train.records.rollout_log import reverse_stage_records, write_rollout_log
+from horizonrl.train.rollout.collect import rollout_metrics
+from horizonrl.train.trainers.checks import check_run
+from horizonrl.train.trainers.group import GroupTrainer
+from horizonrl.train.update.ppo import consistency_metrics, ppo_update, score_rows
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
 
 

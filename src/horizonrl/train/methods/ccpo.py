@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
-from horizonrl.train.batching import micro_batches
-from horizonrl.train.features import register_feature
+from horizonrl.train.trainers.features import register_feature
+from horizonrl.train.update.batching import micro_batches
 from horizonrl.trajectory import Group
 
 CACHE_ENTRIES = 16_384  # 6,400 steps per batch at the paper's scale (16 x 8 x 50); ~100 MB at D = 1,536
@@ -155,7 +155,7 @@ def reference_model(trainer: Any) -> torch.nn.Module:
     ref = getattr(trainer, "_ccpo_ref", None)
     if ref is None:
         if getattr(trainer, "step", 0) > 0 and getattr(trainer, "cfg", None) is not None:
-            from horizonrl.train.bootstrap import load_policy
+            from horizonrl.train.warmstart.bootstrap import load_policy
 
             cfg = trainer.cfg
             ref, _ = load_policy(cfg.model, init=cfg.train.init, work_dir=trainer.run_dir)

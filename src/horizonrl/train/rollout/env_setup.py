@@ -2,7 +2,7 @@
 
 :func:`env_setup` imports the modules of ``env.imports`` (so user environments and rewards
 register), looks up ``env.name``, resolves knobs that need objects (chat endpoints,
-:mod:`horizonrl.train.env_knobs`), loads ``env.tasks`` (:mod:`horizonrl.envs.taskfile`) and builds
+:mod:`horizonrl.train.rollout.env_knobs`), loads ``env.tasks`` (:mod:`horizonrl.envs.taskfile`) and builds
 ``env.reward`` (:func:`horizonrl.rewards.make_reward`; the judge's endpoint is checked now, and its
 cache defaults to ``<run dir>/judge_cache.jsonl``). Every problem is a
 :class:`~horizonrl.config.ConfigError` naming the field, raised before any model is loaded.
@@ -23,7 +23,7 @@ from horizonrl.envs import Env, Task, get_env, import_env_modules
 from horizonrl.envs.registry import UnknownEnvError
 from horizonrl.envs.taskfile import TaskFileError, TaskFileSpec, load_task_file
 from horizonrl.rewards import AnswerReward, RewardConfigError, make_reward
-from horizonrl.train.env_knobs import resolve_knobs
+from horizonrl.train.rollout.env_knobs import resolve_knobs
 from horizonrl.userimport import UserImportError
 
 __all__ = ["EnvSetup", "env_setup"]

@@ -24,7 +24,7 @@ from horizonrl.errors import NonFiniteError
 
 
 class Trainer:
-    """Base class of the registered trainers (:mod:`horizonrl.train.trainers`)."""
+    """Base class of the registered trainers (:mod:`horizonrl.train.trainers.registry`)."""
 
     #: Label of the progress bar's unit.
     unit = "step"

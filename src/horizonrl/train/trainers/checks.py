@@ -84,7 +84,7 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     from horizonrl.inference.registry import TRAINER_SET, engine_parameters, list_engines
 
     if trainer:
-        from horizonrl.train.trainers import list_trainers
+        from horizonrl.train.trainers.registry import list_trainers
 
         if cfg.train.trainer not in list_trainers():
             raise ConfigError(
@@ -147,7 +147,7 @@ def check_env_knobs(
 ) -> None:
     """The environment ``name`` exists and accepts ``knobs`` (its ``validate_knobs``); else ConfigError."""
     from horizonrl.envs import get_env, list_envs
-    from horizonrl.train.env_knobs import resolve_knobs
+    from horizonrl.train.rollout.env_knobs import resolve_knobs
 
     if name not in list_envs():
         raise ConfigError(f"{name_field}={name!r}: unknown environment; known: {list_envs()}")
@@ -164,7 +164,7 @@ def check_env_knobs(
 
 def check_run(cfg: RunConfig, *, trainer: bool = True) -> None:
     """:func:`check_names`, then that ``model.device`` exists on this machine."""
-    from horizonrl.train.bootstrap import resolve_device
+    from horizonrl.train.warmstart.bootstrap import resolve_device
 
     check_names(cfg, trainer=trainer)
     resolve_device(cfg.model.device)

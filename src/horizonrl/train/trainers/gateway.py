@@ -1,6 +1,6 @@
 """The gateway trainer (``train.trainer: gateway``): train an external agent harness's episodes.
 
-A :class:`GatewayTrainer` is a :class:`~horizonrl.train.group_trainer.GroupTrainer` whose groups come
+A :class:`GatewayTrainer` is a :class:`~horizonrl.train.trainers.group.GroupTrainer` whose groups come
 from a user harness instead of the built-in agent loop: each step it samples tasks from the configured
 environment's task pool, opens ``rollout.group_size`` episodes per task on a recording
 :class:`~horizonrl.gateway.Gateway` served on ``gateway.host:port`` in front of the trainer's own engine,
@@ -35,8 +35,8 @@ from horizonrl.envs.base import Task
 from horizonrl.gateway import Gateway, ServerThread
 from horizonrl.gateway.harness import EpisodeRun, Harness, HarnessResult, resolve_callable
 from horizonrl.inference import SamplingParams
-from horizonrl.train.group_trainer import GroupTrainer
-from horizonrl.train.trainers import register_trainer
+from horizonrl.train.trainers.group import GroupTrainer
+from horizonrl.train.trainers.registry import register_trainer
 from horizonrl.trajectory import Group
 
 __all__ = ["GatewayTrainer", "resolve_reward"]

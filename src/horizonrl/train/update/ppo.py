@@ -44,8 +44,8 @@ import torch
 from horizonrl.errors import NonFiniteError
 from horizonrl.losses import aggregate, kl_penalty, policy_loss, rollout_correction, token_coefficients
 from horizonrl.losses.mismatch import CORRECTION_LEVELS, CORRECTION_MODES
-from horizonrl.train.batching import collate, micro_batches, token_logprobs
-from horizonrl.train.checkpoint import check_finite
+from horizonrl.train.records.checkpoint import check_finite
+from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
 from horizonrl.trajectory import Row
 
 
@@ -185,7 +185,7 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run ``ppo_epochs`` over ``rows``; return averaged training metrics.
 
-    ``world`` (:class:`horizonrl.train.distributed.World`, with ``model`` wrapped by
+    ``world`` (:class:`horizonrl.train.update.distributed.World`, with ``model`` wrapped by
     ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
     the mini-batch's global coefficients (:func:`rank_chunks`); gradients and metrics are summed
     across ranks, so the step equals the single-process one up to floating-point summation order.

@@ -1,7 +1,7 @@
 """Run logging: ``metrics.jsonl`` (one JSON object per step), fanned out to the ``train.loggers`` backends.
 
 The backends (TensorBoard, W&B offline, MLflow, trackio) live in
-:mod:`horizonrl.train.loggers`; this module owns ``metrics.jsonl``, the record
+:mod:`horizonrl.train.records.loggers`; this module owns ``metrics.jsonl``, the record
 every other tool (``--resume``, ``horizonrl plot``, ``horizonrl view``) reads.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from horizonrl.train.loggers import ExperimentLogger, make_loggers
+from horizonrl.train.records.loggers import ExperimentLogger, make_loggers
 from horizonrl.trajectory import Rollout
 
 

@@ -38,7 +38,7 @@ from horizonrl.credit.mosaic import (
     marginal_information_gain,
     terminal_session_index,
 )
-from horizonrl.train.features import register_feature
+from horizonrl.train.trainers.features import register_feature
 from horizonrl.trajectory import Group, Rollout, Segment
 
 PROBE = "Now there's enough information to answer. <answer>"

@@ -1,0 +1,13 @@
+"""Each method's training-side home, one module per method, and the plug-in list that registers them.
+
+A method's NumPy math stays in ``horizonrl.credit.<name>`` (torch-free); everything
+else it needs in training lives here: ``ccpo`` (frozen-model hidden states),
+``info_gain`` (Mosaic's and IGPO's teacher-forced information gain), ``rtpo`` (the
+reverse-turn trainer) and ``seeupo`` (its per-turn baseline). Importing this
+package registers every feature provider and method trainer; the registries in
+:mod:`horizonrl.train.trainers` import it before their first lookup.
+"""
+
+from horizonrl.train.methods import ccpo, info_gain, rtpo, seeupo
+
+__all__ = ["ccpo", "info_gain", "rtpo", "seeupo"]
