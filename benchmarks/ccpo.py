@@ -193,7 +193,7 @@ def train_method(method: str, seed: int, args, sft_dir: Path, out: Path, eval_be
         m = trainer.train_step()
         trainer.logger.log(trainer.step, m)
         history.append(m)
-        extra = f" hidden {m['ccpo/hidden_s']:.2f}s" if "ccpo/hidden_s" in m else ""
+        extra = f" hidden {m['time/feature_hidden_s']:.2f}s" if "time/feature_hidden_s" in m else ""
         log(
             f"  {method} seed {seed} step {trainer.step}/{cfg.train.steps}: success "
             f"{m['success/rate']:.2f} revisit {m.get('rollout/revisit_rate', float('nan')):.2f} "

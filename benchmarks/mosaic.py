@@ -75,7 +75,7 @@ def run(args) -> list[dict]:
                     "eval_sessions": after["eval/rollout/sessions_mean"],
                     "train_sessions": sum(r["rollout/sessions_mean"] for r in steps) / max(1, len(steps)),
                     "train_success": sum(r["success/rate"] for r in steps) / max(1, len(steps)),
-                    "ig_score_s": sum(r.get("ig/score_s", 0.0) for r in steps),
+                    "ig_score_s": sum(r.get("time/ig_score_s", 0.0) for r in steps),
                     "train_s": train_s,
                     "sft_s": sft_s,
                 }

@@ -11,7 +11,7 @@ of rollouts (``--budget``):
 
 - ``grpo``: group trainer, ``G`` chains per task, every turn trained under its exact context;
 - ``rtpo``: reverse-turn trainer (trunks, ``G-1 = 2`` on-policy siblings per boundary),
-  ``rtpo.max_rollouts = budget``;
+  ``train.trainer_params.max_rollouts = budget``;
 - ``rtpo_flat``: the same, log-probs recomputed under the concatenated full history;
 - ``seeupo``: ``G`` independent chains, reverse per-turn updates over flat histories.
 
@@ -99,16 +99,17 @@ def method_config(cfg: RunConfig, method: str, budget: int, sft: Path, out: Path
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
     steps = max(1, budget // per_step)
     trainer = {"grpo": "group", "rtpo": "rtpo", "rtpo_flat": "rtpo", "seeupo": "seeupo"}[method]
+    params = {**cfg.train.trainer_params, "max_rollouts": budget, "flat": method == "rtpo_flat"}
     train = dataclasses.replace(
         cfg.train,
         trainer=trainer,
         init=str(sft),
         out_dir=str(out / method),
         steps=10_000 if trainer == "rtpo" else steps,
+        trainer_params=params if trainer != "group" else {},
     )
-    rtpo = dataclasses.replace(cfg.rtpo, max_rollouts=budget, flat=method == "rtpo_flat")
     algo = cfg.algo if trainer != "group" else dataclasses.replace(cfg.algo, loss_agg_mode=None)
-    return dataclasses.replace(cfg, train=train, rtpo=rtpo, algo=algo)
+    return dataclasses.replace(cfg, train=train, algo=algo)
 
 
 def summarize(method: str, cfg: RunConfig, records: list[dict], seconds: float) -> dict:

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from horizonrl.config import describe
+from horizonrl.train.trainers.registry import trainer_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -96,6 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     text = README.read_text()
     text = replace_block(text, "config-reference", describe())
+    text = replace_block(text, "trainer-params", trainer_reference())
     if "<!-- results-summary -->" in text:
         text = replace_block(text, "results-summary", results_block())
     if args.quickstart:

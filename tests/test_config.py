@@ -56,3 +56,6 @@ def test_readme_config_reference_is_current():
 
     readme = Path(__file__).resolve().parents[1] / "README.md"
     assert describe() in readme.read_text(), "regenerate the README's config reference"
+    from horizonrl.train.trainers.registry import trainer_reference
+
+    assert trainer_reference() in readme.read_text(), "regenerate the README's trainer parameters"

@@ -21,6 +21,7 @@ from horizonrl.credit import (
 )
 from horizonrl.credit import registry as registry_mod
 from horizonrl.trajectory import Group, Rollout, Segment, Turn, build_rows
+from horizonrl.vocab import AggMode
 
 
 def _turn(n: int, start: int = 0) -> Turn:
@@ -191,7 +192,9 @@ def test_unknown_estimator_lists_known_names():
     with pytest.raises(KeyError) as ei:
         get_estimator("nope")
     assert "nope" in str(ei.value) and "grpo" in str(ei.value) and "rloo" in str(ei.value)
-    with pytest.raises(ValueError, match="known estimators"):
+    with pytest.raises(
+        ValueError, match=r"unknown estimator 'nope'; known: \[.*'grpo'.*\]; register one with"
+    ):
         get_estimator("nope")
 
 
@@ -208,8 +211,9 @@ def test_estimator_rejects_non_groups():
 
 
 @pytest.fixture
-def scratch_registry(monkeypatch):
-    monkeypatch.setattr(registry_mod, "_REGISTRY", dict(registry_mod._REGISTRY))
+def scratch_registry():
+    with registry_mod.ESTIMATORS.scratch():
+        yield
 
 
 def test_register_custom_estimator(scratch_registry):
@@ -246,10 +250,21 @@ def test_estimator_output_is_checked(scratch_registry):
         get_estimator("unit_broken")(_groups())
 
 
-def test_agg_modes_mirror_losses():
-    from horizonrl.losses import AGG_MODES
+def test_loss_aggregation_accepts_exactly_the_agg_modes(scratch_registry):
+    torch = pytest.importorskip("torch")
+    from horizonrl.losses import AGG_MODES, token_coefficients
 
-    assert tuple(credit.LOSS_AGG_MODES) == tuple(AGG_MODES)
+    assert list(AGG_MODES) == list(AggMode) == list(credit.LOSS_AGG_MODES)
+    w, ids = torch.ones(2, 3), torch.tensor([0, 1])
+    for mode in AggMode:  # the plain strings of configs and JSON, in losses and in credit
+        assert token_coefficients(w, mode.value, rollout_ids=ids).shape == w.shape
+        register_estimator(f"unit_{mode.value}", loss_agg_mode=mode.value)(lambda groups: [])
+        assert get_estimator(f"unit_{mode.value}").loss_agg_mode == mode
+    for bad in ("mean", "token_mean", "TOKEN-MEAN"):
+        with pytest.raises(ValueError, match="token-mean"):
+            token_coefficients(w, bad, rollout_ids=ids)
+        with pytest.raises(ValueError, match="token-mean"):
+            register_estimator("unit_bad", loss_agg_mode=bad)
 
 
 def test_credit_does_not_import_torch():

@@ -75,7 +75,7 @@ def _one_error_line(capsys, code: int) -> str:
         ("optim.lr=inf", "optim.lr=inf: must be a finite number"),
         ("optim.weight_decay=.nan", "optim.weight_decay=nan: must be a finite number"),
         ("optim.beta2=.nan", "optim.beta2=nan: must be a finite number"),
-        ("rtpo.weight_high=.inf", "rtpo.weight_high=inf: must be a finite number"),
+        ("train.trainer_params.weight_high=.inf", "trainer 'group' takes no parameters"),
         ("train.eval_fractions=[.nan]", "train.eval_fractions=[nan]: nan is not a number in (0, 1]"),
         ("train.eval_fractions=[a]", "'a' is not a number in (0, 1]"),
         ("model.device=banana", "model.device='banana': must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
@@ -88,6 +88,33 @@ def test_bad_names_and_values_are_one_line(capsys, tmp_path, override, expect):
     line = _one_error_line(capsys, code)
     assert expect in line, line
     assert not (tmp_path / "run" / "base_model").exists()  # refused before any work
+
+
+@pytest.mark.parametrize(
+    ("override", "expect"),
+    [
+        (
+            "train.trainer_params.weight_high=.inf",
+            "train.trainer_params.weight_high=inf: must be a finite number",
+        ),
+        ("train.trainer_params.siblings=1", "train.trainer_params.siblings=1: must be >= 2"),
+        (
+            "train.trainer_params.nope=1",
+            "train.trainer_params: unknown parameter(s) ['nope'] of trainer 'rtpo'; known:",
+        ),
+    ],
+)
+def test_trainer_params_are_checked_against_the_trainer(capsys, tmp_path, override, expect):
+    args = ["train", f"train.out_dir={tmp_path / 'run'}", "train.trainer=rtpo", override]
+    line = _one_error_line(capsys, main(args))
+    assert expect in line, line
+    assert not (tmp_path / "run" / "base_model").exists()
+
+
+def test_the_former_rtpo_section_is_read_as_trainer_params():
+    with pytest.warns(HorizonWarning, match="'rtpo' is now train.trainer_params"):
+        cfg = load_config(None, ["train.trainer=rtpo", "rtpo.siblings=4", "train.trainer_params.flat=true"])
+    assert cfg.train.trainer_params == {"siblings": 4, "flat": True}
 
 
 def test_a_context_param_value_is_checked_at_start(capsys, tmp_path):

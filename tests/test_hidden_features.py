@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from horizonrl.train.methods.ccpo import (
     reference_model,
     support_rates,
 )
-from horizonrl.train.trainers.features import compute_features
+from horizonrl.train.trainers.features import FeatureContext, compute_features
 from horizonrl.trajectory import Group, Rollout, Segment, Turn
 
 
@@ -38,8 +37,10 @@ def model_tok(tiny_model_dir):
     return load_model_and_tokenizer(tiny_model_dir)
 
 
-def _trainer(model, tok, ref=None):
-    return SimpleNamespace(model=model, ref_model=ref, tokenizer=tok, extra_metrics={}, step=0)
+def _ctx(model, tok, ref=None):
+    return FeatureContext(
+        cfg=None, engine=None, renderer=None, tokenizer=tok, model=model, ref_model=ref, tasks_by_id={}
+    )
 
 
 def _turn(prompt):
@@ -91,9 +92,9 @@ def _forward_counter(model):
 
 def test_states_equal_a_direct_forward_in_step_batch_order(model_tok):
     model, tok = model_tok
-    trainer = _trainer(model, tok)
+    ctx = _ctx(model, tok)
     groups = _groups()
-    out = hidden(trainer, groups, {})
+    out = hidden(ctx, groups, {}).value
     steps = step_batch_from_groups(groups)
     rollouts = [r for g in groups for r in g.rollouts]
     assert out.dtype == np.float32 and out.shape == (len(steps), model.config.hidden_size)
@@ -106,28 +107,27 @@ def test_states_equal_a_direct_forward_in_step_batch_order(model_tok):
 
 def test_duplicates_run_once_and_later_calls_hit_the_cache(model_tok):
     model, tok = model_tok
-    trainer = _trainer(model, tok)
+    ctx = _ctx(model, tok)
     groups = _groups(seed=1)
     prompts = [tuple(t.prompt_ids) for g in groups for r in g.rollouts for t in r.turns]
     n_unique = len(set(prompts))
     assert n_unique < len(prompts)  # the batch has duplicates
-    ref = trainer._ccpo_ref = copy.deepcopy(model).eval().requires_grad_(False)
+    ref = ctx.state["ref"] = copy.deepcopy(model).eval().requires_grad_(False)
     seen, handle = _forward_counter(ref)
     try:
-        first = hidden(trainer, groups, {})
+        first = hidden(ctx, groups, {})
         assert seen["rows"] == n_unique
-        m = trainer.extra_metrics
+        m = first.metrics
         assert m["ccpo/forward_prompts"] == n_unique and m["ccpo/cache_hit_rate"] == 0.0
         assert m["ccpo/unique_prompt_rate"] == pytest.approx(n_unique / len(prompts))
-        assert m["ccpo/hidden_s"] >= 0.0
-        second = hidden(trainer, groups, {})
+        second = hidden(ctx, groups, {})
         assert seen["rows"] == n_unique  # nothing ran again
-        assert trainer.extra_metrics["ccpo/cache_hit_rate"] == 1.0
-        np.testing.assert_array_equal(first, second)
+        assert second.metrics["ccpo/cache_hit_rate"] == 1.0
+        np.testing.assert_array_equal(first.value, second.value)
         # A batch mixing cached and new prompts runs only the new ones.
         more = _groups(seed=2)
         new = {tuple(t.prompt_ids) for g in more for r in g.rollouts for t in r.turns} - set(prompts)
-        hidden(trainer, [groups[0], *more], {})
+        hidden(ctx, [groups[0], *more], {})
         assert seen["rows"] == n_unique + len(new)
     finally:
         handle.remove()
@@ -138,18 +138,18 @@ def test_frozen_copy_of_the_initial_policy_and_no_gradient(model_tok):
     model, tok = model_tok
     policy = copy.deepcopy(model)
     initial = copy.deepcopy(model)
-    trainer = _trainer(policy, tok)
+    ctx = _ctx(policy, tok)
     groups = _groups(seed=3)
-    hidden(trainer, groups, {})
-    ref = trainer._ccpo_ref
+    hidden(ctx, groups, {})
+    ref = ctx.state["ref"]
     assert ref is not policy and not any(p.requires_grad for p in ref.parameters())
     assert all(p.grad is None for p in policy.parameters())
     with torch.no_grad():  # the policy moves on; the reference does not
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     fresh = _groups(seed=4)
-    out = hidden(trainer, fresh, {})
-    assert trainer._ccpo_ref is ref
+    out = hidden(ctx, fresh, {}).value
+    assert ctx.state["ref"] is ref
     prompt = fresh[0].rollouts[0].turns[0].prompt_ids
     np.testing.assert_allclose(out[0], _direct(initial, prompt), rtol=1e-4, atol=1e-5)
     assert not np.allclose(out[0], _direct(policy, prompt), atol=1e-4)
@@ -162,10 +162,10 @@ def test_a_resumed_run_reloads_its_starting_weights(model_tok, tiny_model_dir, t
         for p in policy.parameters():
             p.add_(0.05)
     cfg: RunConfig = from_dict({"model": {"device": "cpu"}, "train": {"init": str(tiny_model_dir)}})
-    trainer = _trainer(policy, tok)
-    trainer.step, trainer.cfg, trainer.run_dir = 3, cfg, tmp_path
-    ref = reference_model(trainer)
-    assert ref is trainer._ccpo_ref and not any(p.requires_grad for p in ref.parameters())
+    ctx = _ctx(policy, tok)
+    ctx.step, ctx.cfg, ctx.run_dir = 3, cfg, tmp_path
+    ref = reference_model(ctx)
+    assert ref is ctx.state["ref"] and not any(p.requires_grad for p in ref.parameters())
     for a, b in zip(ref.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b)
 
@@ -176,10 +176,10 @@ def test_the_trainers_reference_model_is_used_when_present(model_tok):
     with torch.no_grad():
         for p in other.parameters():
             p.mul_(1.1)
-    trainer = _trainer(model, tok, ref=other)
+    ctx = _ctx(model, tok, ref=other)
     groups = _groups(seed=5)
-    out = hidden(trainer, groups, {})
-    assert not hasattr(trainer, "_ccpo_ref")
+    out = hidden(ctx, groups, {}).value
+    assert "ref" not in ctx.state
     prompt = groups[1].rollouts[1].turns[-1].prompt_ids
     np.testing.assert_allclose(out[-1], _direct(other, prompt), rtol=1e-4, atol=1e-5)
 
@@ -229,12 +229,12 @@ def test_support_rates_by_hand():
 
 def test_the_ccpo_estimator_runs_on_the_provided_states(model_tok):
     model, tok = model_tok
-    trainer = _trainer(model, tok)
+    ctx = _ctx(model, tok)
     groups = _groups(seed=6)
     est = credit.get_estimator("ccpo")
-    values, timings = compute_features(trainer, est.needs, groups, {})
+    values, metrics = compute_features(ctx, est.needs, groups, {})
     assert values["hidden"].shape[0] == len(step_batch_from_groups(groups))
-    assert "time/feature_hidden_s" in timings
+    assert "time/feature_hidden_s" in metrics and "ccpo/supported_rate" in metrics
     adv = est(groups, **values)
     assert len(adv) == sum(len(g.rollouts) for g in groups)
 
@@ -261,7 +261,7 @@ def test_one_group_trainer_step_with_ccpo_and_the_stepwise_agent(tiny_model_dir,
     )
     trainer = GroupTrainer(cfg)
     m = trainer.train_step()
-    assert trainer.ref_model is None and trainer._ccpo_ref is not trainer.model
+    assert trainer.ref_model is None and trainer.feature_state["hidden"]["ref"] is not trainer.model
     assert m["ccpo/forward_prompts"] >= 2 and m["ccpo/supported_rate"] == 1.0
     assert 0.0 <= m["ccpo/cache_hit_rate"] <= 1.0 and "rollout/revisit_rate" in m
     assert 1.0 <= m["rollout/turns_mean"] <= 3.0

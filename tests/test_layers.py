@@ -76,6 +76,28 @@ FORBIDDEN = {
     "horizonrl.agents": ("horizonrl.train",),
 }  # fmt: skip
 
+# Inside train/ (its package docstring): records < update < rollout, warmstart < trainers < methods < recipes.
+_T = "horizonrl.train."
+TRAIN_FLOORS = [
+    ("records",),
+    ("update",),
+    ("rollout", "warmstart"),
+    ("trainers",),
+    ("methods",),
+    ("recipes",),
+]
+for _i, _floor in enumerate(TRAIN_FLOORS):
+    _above = [_T + p for f in TRAIN_FLOORS[_i + 1 :] for p in f]
+    for _pkg in _floor:
+        _same = [_T + p for p in _floor if p != _pkg]  # packages on one floor do not import each other
+        FORBIDDEN[_T + _pkg] = (*_above, *_same)
+
+
+def test_every_train_module_is_on_a_floor():
+    floors = {p for f in TRAIN_FLOORS for p in f}
+    stray = [m for m in _modules() if m.startswith(_T) and m[len(_T) :].split(".")[0] not in floors]
+    assert not stray, f"train modules outside the documented subpackages: {stray}"
+
 
 def test_layers_point_downward():
     graph = _graph(lazy=True)

@@ -24,6 +24,7 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
 from horizonrl.train.methods.info_gain import PROBE, mosaic_gains
 from horizonrl.train.rollout.collect import collect_groups
+from horizonrl.train.trainers.features import FeatureContext
 from horizonrl.trajectory import Group, Rollout, Segment, Turn
 
 KNOBS = {"hops": 3, "obs_facts": 3}
@@ -250,14 +251,17 @@ def test_information_gain_equals_direct_log_probs(model_tok):
     ro = Rollout(
         "u", "t1", "g", [Segment("normal", [t1]), comp, Segment("normal", [t2], info={"terminal": True})]
     )
-    trainer = types.SimpleNamespace(
+    ctx = FeatureContext(
+        cfg=None,
+        engine=engine,
         renderer=renderer,
         tokenizer=tok,
-        engine=engine,
-        extra_metrics={},
+        model=model,
+        ref_model=None,
         tasks_by_id={"t1": types.SimpleNamespace(answer="Raso")},
     )
-    gains = mosaic_gains(trainer, [Group("g", "t1", [ro])], {})
+    out = mosaic_gains(ctx, [Group("g", "t1", [ro])], {})
+    gains = out.value
 
     def direct(h):
         ctx = list(h) + (renderer.continuation_ids([]) if h[-1] == renderer.eos_id else []) + enc(PROBE)
@@ -270,7 +274,7 @@ def test_information_gain_equals_direct_log_probs(model_tok):
     assert gains[0][2] is None  # terminal session is never eligible
     assert gains[0][0] == pytest.approx(direct(p1 + resp) - direct(p1), abs=1e-4)
     assert gains[0][1] == pytest.approx(direct(p1[:5]) - direct(p1 + resp), abs=1e-4)
-    assert trainer.extra_metrics["ig/scored_contexts"] == 4 and "ig/score_s" in trainer.extra_metrics
+    assert out.metrics["ig/scored_contexts"] == 4 and "time/ig_score_s" in out.metrics
 
 
 def test_short_fork_prompt_shows_the_call_by_example_instead_of_the_schema(model_tok):

@@ -33,6 +33,6 @@ def test_packaged_config_trains_one_step(name, tiny_model_dir, tmp_path):
     assert 0.99 < m["train/ratio_geomean"] < 1.01
     if cfg.algo.estimator in ("mosaic", "igpo"):
         # two scored contexts per eligible (non-terminal) session: an even count, timed
-        assert m["ig/score_s"] >= 0 and m["ig/scored_contexts"] % 2 == 0
+        assert m["time/ig_score_s"] >= 0 and m["ig/scored_contexts"] % 2 == 0
     if cfg.algo.estimator == "mosaic":
         assert 0.0 <= m["ig/positive_rate"] <= 1.0

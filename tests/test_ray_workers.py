@@ -241,7 +241,7 @@ def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_mo
         "train.trainer=rtpo",
         "env.name=arithmetic",
         "train.steps=1",
-        "rtpo.sync_every=2",  # a separate engine copy: weights pushed with sync(state_dict)
+        "train.trainer_params.sync_every=2",  # a separate engine copy: weights pushed with sync(state_dict)
     )
     runs = []
     for name, extra in (

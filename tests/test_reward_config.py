@@ -31,7 +31,12 @@ def test_named_rewards():
 @pytest.mark.parametrize(
     ("spec", "params", "message"),
     [
-        ("nope", {}, "env.reward: unknown reward 'nope'; known: .*exact_match.*, judge, or module:function"),
+        (
+            "nope",
+            {},
+            r"env.reward: unknown reward 'nope'; known: \[.*'exact_match'.*\]; register one with "
+            r".*; env.reward may also be judge or module:function",
+        ),
         ("exact_match", {"x": 1}, "env.reward='exact_match': exact_match cannot be called"),
         ("math_equivalent", {"timeout_s": -1}, "timeout_s must be a number in"),
         ("no_such_module:f", {}, "env.reward: cannot import 'no_such_module'"),

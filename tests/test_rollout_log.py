@@ -273,7 +273,7 @@ def test_rtpo_stage_records_trunk_boundary_and_sibling(tiny_model_dir, tmp_path)
         "rollout.tasks_per_step=2",
         "rollout.max_new_tokens=12",
         "train.trainer=rtpo",
-        "rtpo.siblings=3",
+        "train.trainer_params.siblings=3",
     ]
     cfg = load_config(None, [f"model.path={tiny_model_dir}", *overrides, f"train.out_dir={tmp_path}"])
     RTPOTrainer(cfg).fit()

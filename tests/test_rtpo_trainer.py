@@ -45,7 +45,7 @@ def _cfg(model_dir, out_dir, *extra):
             "train.progress=false",
             "train.trainer=rtpo",
             "train.steps=1",
-            "rtpo.siblings=3",
+            "train.trainer_params.siblings=3",
             f"train.out_dir={out_dir}",
             *extra,
         ],
@@ -68,7 +68,7 @@ def _rigged(trainer):
 
 def test_two_siblings_are_refused_as_degenerate(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match=r"rtpo\.siblings=2 is degenerate"):
-        RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "rtpo.siblings=2"))
+        RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "train.trainer_params.siblings=2"))
 
 
 def test_trunk_never_enters_the_baseline_and_only_turn_k_tokens_get_gradient(tiny_model_dir, tmp_path):
@@ -124,7 +124,7 @@ def test_trunk_never_enters_the_baseline_and_only_turn_k_tokens_get_gradient(tin
 
 
 def test_on_policy_weight_is_exactly_one_and_the_measured_weight_agrees(tiny_model_dir, tmp_path):
-    t = RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "rtpo.weight_high=100.0"))
+    t = RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "train.trainer_params.weight_high=100.0"))
     t.sync_engine()
     t.sweep = t.begin_sweep([0, 1])
     k = min(t.sweep.stages)
@@ -141,9 +141,9 @@ def test_off_policy_weights_are_the_clamped_downstream_ratio(tiny_model_dir, tmp
     cfg = _cfg(
         tiny_model_dir,
         tmp_path,
-        "rtpo.off_policy=true",
-        f"rtpo.weight_low={lo}",
-        f"rtpo.weight_high={hi}",
+        "train.trainer_params.off_policy=true",
+        f"train.trainer_params.weight_low={lo}",
+        f"train.trainer_params.weight_high={hi}",
         "optim.lr=0.05",
         "train.save_rollouts=false",
     )
@@ -181,7 +181,12 @@ def test_off_policy_weights_are_the_clamped_downstream_ratio(tiny_model_dir, tmp
 def test_flat_mode_shows_the_mismatch_that_exact_contexts_remove(tiny_model_dir, tmp_path):
     ratios = {}
     for flat in (False, True):
-        cfg = _cfg(tiny_model_dir, tmp_path / str(flat), "rollout.context=turn_summary", f"rtpo.flat={flat}")
+        cfg = _cfg(
+            tiny_model_dir,
+            tmp_path / str(flat),
+            "rollout.context=turn_summary",
+            f"train.trainer_params.flat={flat}",
+        )
         t = RTPOTrainer(cfg)
         t.sync_engine()
         t.sweep = t.begin_sweep([0, 1])
@@ -224,7 +229,7 @@ def test_k3_run_completes_and_resumes_from_a_checkpoint_between_stages(tiny_mode
 
 
 def test_budget_cap_stops_before_a_stage_would_exceed_it(tiny_model_dir, tmp_path):
-    t = RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "rtpo.max_rollouts=5", "train.steps=3"))
+    t = RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "train.trainer_params.max_rollouts=5", "train.steps=3"))
     records = t.fit()
     assert t.budget.rollouts <= 5 and records[-1]["budget/rollouts"] == t.budget.rollouts
     assert t.iteration == 0 and t.sweep is not None  # the sweep stopped inside the first iteration

@@ -128,7 +128,7 @@ def test_compaction_mosaic_with_recompute_and_tis(vllm_tiny_dir, tmp_path):
 
 
 def test_rtpo_with_a_stale_engine_checkpoints_its_weights(vllm_tiny_dir, tmp_path):
-    """rtpo.sync_every=2: one engine that keeps its weights between syncs (shared=False), whose
+    """sync_every=2: one engine that keeps its weights between syncs (shared=False), whose
     weights a checkpoint between stages holds; freshly synced stages keep the ratio at 1."""
     from horizonrl.train.methods.rtpo import RTPOTrainer
     from horizonrl.train.records import checkpoint as ckpt
@@ -139,8 +139,8 @@ def test_rtpo_with_a_stale_engine_checkpoints_its_weights(vllm_tiny_dir, tmp_pat
         "train.trainer=rtpo",
         "train.steps=1",
         "train.save_every=1",
-        "rtpo.siblings=3",
-        "rtpo.sync_every=2",
+        "train.trainer_params.siblings=3",
+        "train.trainer_params.sync_every=2",
         "env.knobs={n_ops: 2, max_operand: 9}",
     )
     trainer = RTPOTrainer(cfg)

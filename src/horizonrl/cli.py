@@ -228,6 +228,13 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def _cmd_trainers(args) -> int:
+    from horizonrl.train.trainers.registry import trainer_reference
+
+    print(trainer_reference())
+    return 0
+
+
 def _server_kwargs(args) -> dict:
     """The engine and server settings ``serve`` and ``gateway`` share (their common flags)."""
     return {
@@ -422,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("envs", help="list environments").set_defaults(fn=_cmd_envs)
     sub.add_parser("estimators", help="list credit estimators").set_defaults(fn=_cmd_estimators)
     sub.add_parser("config-reference", help="print every config field").set_defaults(fn=_cmd_config)
+    sub.add_parser("trainers", help="list trainers and their train.trainer_params").set_defaults(
+        fn=_cmd_trainers
+    )
     return p
 
 

@@ -31,7 +31,7 @@ import re
 import time
 from fractions import Fraction
 
-from horizonrl.textparse import cap_text
+from horizonrl.textparse import cap_text, normalize_text
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -399,8 +399,6 @@ def _scalar_equal(a: str, a_pct: bool, b: str, b_pct: bool, deadline: float) -> 
     verdict = _sympy_equal(a, b, left) if left > 0 else None
     if verdict is not None:
         return verdict
-    from horizonrl.rewards import normalize_text  # the package's one answer normalizer
-
     return normalize_text(a) != "" and normalize_text(a) == normalize_text(b)
 
 

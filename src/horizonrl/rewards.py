@@ -1,7 +1,8 @@
 """Answer rewards: exact match, token F1, math equivalence, the LLM judge, and ``env.reward`` specs.
 
 - :func:`normalize_text` is the package's one answer normalizer, SQuAD style (Unicode NFKC,
-  lowercase, punctuation and the articles *a/an/the* removed, whitespace collapsed).
+  lowercase, punctuation and the articles *a/an/the* removed, whitespace collapsed); it lives in
+  :mod:`horizonrl.textparse` (below this module and :mod:`horizonrl.math_answer`) and is re-exported here.
 - :func:`exact_match` / :func:`token_f1` score a prediction against one gold answer or a list of
   aliases (the best alias counts).
 - :func:`math_equivalent` (:mod:`horizonrl.math_answer`) decides whether two math answers are the
@@ -22,8 +23,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import string
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,9 +30,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from horizonrl.math_answer import DEFAULT_TIMEOUT_S, extract_math_answer, math_equivalent
+from horizonrl.registry import Registry, UnknownNameError
+from horizonrl.textparse import normalize_text
 from horizonrl.userimport import UserImportError, load_object
 
 __all__ = [
+    "REWARDS",
     "AnswerReward",
     "RewardConfigError",
     "UnknownRewardError",
@@ -52,42 +54,26 @@ __all__ = [
 RewardFn = Callable[[str | None, str | Sequence[str]], float]
 R = TypeVar("R", bound=RewardFn)
 
-_REGISTRY: dict[str, RewardFn] = {}
+
+class UnknownRewardError(UnknownNameError):
+    """Raised by :func:`get_reward` for an unregistered name (a ``KeyError`` and a ``ValueError``)."""
 
 
-class UnknownRewardError(KeyError, ValueError):
-    """Raised by :func:`get_reward` for a name that is not registered."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
+REWARDS: Registry[RewardFn] = Registry(
+    "reward", register_with="@register_reward(NAME) (horizonrl.rewards)", error=UnknownRewardError
+)
 
 
 def register_reward(name: str) -> Callable[[R], R]:
-    """Decorator: register ``fn(prediction, golds) -> float`` under ``name``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
-
-    def deco(fn: R) -> R:
-        old = _REGISTRY.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"reward {name!r} is already registered by {old.__module__}.{old.__qualname__}")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+    """Decorator: register ``fn(prediction, golds) -> float`` under ``name`` (a non-empty string)."""
+    return REWARDS.register(name)
 
 
-def get_reward(name: str) -> RewardFn:
-    """The reward function registered as ``name``."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise UnknownRewardError(f"unknown reward {name!r}; known: {', '.join(list_rewards())}") from None
+#: The reward function registered as ``name`` (:class:`UnknownRewardError` naming the known ones).
+get_reward = REWARDS.get
 
-
-def list_rewards() -> list[str]:
-    """Names of all registered rewards, sorted."""
-    return sorted(_REGISTRY)
+#: Names of all registered rewards, sorted.
+list_rewards = REWARDS.names
 
 
 def _golds(golds: str | Sequence[str]) -> list[str]:
@@ -101,17 +87,6 @@ def _golds(golds: str | Sequence[str]) -> list[str]:
 
 
 # -- text rewards ----------------------------------------------------------------------------------------
-
-_PUNCT = set(string.punctuation) | {"‘", "’", "“", "”", "–", "—", "…", "«", "»"}
-
-
-def normalize_text(text: str | None) -> str:
-    """NFKC, lowercase, punctuation and the articles a/an/the removed, whitespace collapsed."""
-    if text is None:
-        return ""
-    text = unicodedata.normalize("NFKC", str(text)).lower()
-    text = "".join(" " if ch in _PUNCT else ch for ch in text)
-    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
 
 
 @register_reward("exact_match")
@@ -317,7 +292,9 @@ def make_reward(
         try:
             fn = get_reward(spec)
         except UnknownRewardError as e:
-            raise RewardConfigError(f"env.reward: {e}, judge, or module:function") from None
+            raise RewardConfigError(
+                f"env.reward: {e}; env.reward may also be judge or module:function"
+            ) from None
     _check_params(spec, fn, params)
     if spec in ("math", "math_equivalent"):
         math_reward("", ["0"], **params)  # validate timeout_s now

@@ -16,13 +16,19 @@ one has the same three guarantees:
   unpaired surrogate escape) into a :class:`JSONError` with a one-line message; it never raises
   ``RecursionError`` or the interpreter's integer-conversion ``ValueError``.
 
+It also holds the package's one answer normalizer, :func:`normalize_text`, shared by the answer rewards
+(:mod:`horizonrl.rewards`, which re-exports it), the math checker (:mod:`horizonrl.math_answer`) and the
+environments that compare answers.
+
 This module imports nothing from the package (the bottom layer, beside ``trajectory``), so ``envs``,
-``agents`` and ``judge`` may all use it.
+``agents``, ``judge``, ``math_answer`` and ``rewards`` may all use it.
 """
 
 from __future__ import annotations
 
 import json
+import string
+import unicodedata
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -39,6 +45,7 @@ __all__ = [
     "first_block",
     "iter_blocks",
     "load_json",
+    "normalize_text",
     "strip_blocks",
     "strip_think",
 ]
@@ -159,6 +166,24 @@ def strip_think(text: str, *, blank: bool = False) -> str:
     """``text`` without ``<think>...</think>`` blocks (an unterminated one runs to the end); not
     stripped of whitespace. ``blank=True`` keeps offsets (see :func:`strip_blocks`)."""
     return strip_blocks(text, THINK_OPEN, THINK_CLOSE, blank=blank)
+
+
+# -- answer normalization -------------------------------------------------------------------------------
+
+_PUNCT = set(string.punctuation) | {"‘", "’", "“", "”", "–", "—", "…", "«", "»"}
+
+
+def normalize_text(text: str | None) -> str:
+    """NFKC, lowercase, punctuation and the articles a/an/the removed, whitespace collapsed.
+
+    The package's one answer normalizer (SQuAD style): exact match and token F1 compare normalized
+    texts, and the math checker falls back to it; ``None`` normalizes to ``""``.
+    """
+    if text is None:
+        return ""
+    text = unicodedata.normalize("NFKC", str(text)).lower()
+    text = "".join(" " if ch in _PUNCT else ch for ch in text)
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
 
 
 def _parse_int(digits: str) -> int:

@@ -39,7 +39,9 @@ from typing import Any, ClassVar, TypeVar
 
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.registry import Registry
 from horizonrl.trajectory import Rollout, Segment, Turn
+from horizonrl.vocab import Overflow
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,12 @@ class LoopLimits:
 
     max_turns: int = 6
     context_budget: int = 1024
-    overflow: str = "truncate"  # truncate | fail
+    overflow: str = Overflow.TRUNCATE.value  # an Overflow: truncate | fail
 
     def __post_init__(self) -> None:
-        if self.overflow not in ("truncate", "fail"):
-            raise ValueError(f"LoopLimits.overflow={self.overflow!r}: must be 'truncate' or 'fail'")
+        if self.overflow not in tuple(Overflow):
+            allowed = " or ".join(repr(m.value) for m in Overflow)
+            raise ValueError(f"LoopLimits.overflow={self.overflow!r}: must be {allowed}")
         if self.max_turns < 1:
             raise ValueError(f"LoopLimits.max_turns={self.max_turns!r}: must be >= 1")
 
@@ -160,7 +163,7 @@ class ContextManager:
         room = self.limits.context_budget - len(self.prompt(ep))
         if room >= params.max_new_tokens:
             return params
-        if self.limits.overflow == "fail" or room < 1:
+        if self.limits.overflow == Overflow.FAIL or room < 1:
             finish(ep, "context")
             return None
         return replace(params, max_new_tokens=room)
@@ -188,33 +191,31 @@ class ContextManager:
 
 
 C = TypeVar("C", bound=type[ContextManager])
-_REGISTRY: dict[str, type[ContextManager]] = {}
+
+CONTEXTS: Registry[type[ContextManager]] = Registry(
+    "context manager", register_with="@register_context(NAME) (horizonrl.agents)"
+)
 
 
 def register_context(name: str) -> Callable[[C], C]:
-    """Class decorator registering a :class:`ContextManager` subclass under ``name``."""
+    """Class decorator registering a :class:`ContextManager` subclass under ``name`` (sets its ``name``)."""
 
     def deco(cls: C) -> C:
         if not (isinstance(cls, type) and issubclass(cls, ContextManager)):
             raise TypeError(f"register_context({name!r}) expects a ContextManager subclass, got {cls!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"context manager {name!r} is already registered by {_REGISTRY[name]!r}")
+        CONTEXTS.register(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
-def list_contexts() -> list[str]:
-    return sorted(_REGISTRY)
+#: Names of the registered context managers, sorted.
+list_contexts = CONTEXTS.names
 
-
-def get_context(name: str) -> type[ContextManager]:
-    """The manager class registered as ``name`` (ValueError naming the known ones)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown context manager {name!r}; known: {list_contexts()}")
-    return _REGISTRY[name]
+#: The manager class registered as ``name`` (:class:`~horizonrl.registry.UnknownNameError`, a ValueError,
+#: naming the known ones).
+get_context = CONTEXTS.get
 
 
 def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:

@@ -24,9 +24,11 @@ from horizonrl.agents.driver import Program
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import SamplingParams
+from horizonrl.registry import Registry
 
 AgentFn = Callable[..., Program]
-_REGISTRY: dict[str, AgentFn] = {}
+
+AGENTS: Registry[AgentFn] = Registry("agent", register_with="@register_agent(NAME) (horizonrl.agents)")
 
 
 @dataclass(frozen=True)
@@ -43,23 +45,16 @@ class AgentSpec:
 
 
 def register_agent(name: str) -> Callable[[AgentFn], AgentFn]:
-    def deco(fn: AgentFn) -> AgentFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"agent {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+    """Decorator registering the agent kind ``fn(env, task, spec, *, uid, group_id, **agent_params)``."""
+    return AGENTS.register(name)
 
 
-def list_agents() -> list[str]:
-    return sorted(_REGISTRY)
+#: Names of the registered agent kinds, sorted.
+list_agents = AGENTS.names
 
-
-def get_agent(name: str) -> AgentFn:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown agent {name!r}; known: {list_agents()}")
-    return _REGISTRY[name]
+#: The agent kind registered as ``name`` (:class:`~horizonrl.registry.UnknownNameError`, a ValueError, naming
+#: the known ones).
+get_agent = AGENTS.get
 
 
 def check_agent_params(name: str, params: dict[str, Any]) -> None:

@@ -20,26 +20,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from horizonrl.credit.broadcast import check_token_advantages
+from horizonrl.registry import Registry, UnknownNameError
 from horizonrl.trajectory import Group, TokenAdvantages
+from horizonrl.vocab import AggMode
 
-# Mirrors horizonrl.losses.AGG_MODES (credit must not import torch; a test keeps them equal).
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "rollout-mean-token-mean",
-)
+#: The loss aggregation modes an estimator may declare (:class:`horizonrl.vocab.AggMode`).
+LOSS_AGG_MODES: tuple[AggMode, ...] = tuple(AggMode)
 
 EstimatorFn = Callable[..., TokenAdvantages]
 F = TypeVar("F", bound=EstimatorFn)
 
 
-class UnknownEstimatorError(KeyError, ValueError):
-    """Raised by :func:`get_estimator` for a name that is not registered."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
+class UnknownEstimatorError(UnknownNameError):
+    """Raised by :func:`get_estimator` for an unregistered name (a ``KeyError`` and a ``ValueError``)."""
 
 
 def _param_names(fn: EstimatorFn) -> tuple[str, ...] | None:
@@ -72,7 +65,7 @@ class EstimatorSpec:
 
     name: str
     fn: EstimatorFn
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = AggMode.TOKEN_MEAN.value
     description: str = ""
     needs: tuple[str, ...] = ()
     agg_source: str = ""
@@ -101,39 +94,47 @@ class EstimatorSpec:
         return out
 
 
-_REGISTRY: dict[str, EstimatorSpec] = {}
+ESTIMATORS: Registry[EstimatorSpec] = Registry(
+    "estimator",
+    register_with="@register_estimator(NAME) (horizonrl.credit)",
+    error=UnknownEstimatorError,
+)
 
 
 def register_estimator(
     name: str,
     *,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str = AggMode.TOKEN_MEAN.value,
     description: str = "",
     needs: tuple[str, ...] = (),
     replace: bool = False,
     agg_source: str = "",
 ) -> Callable[[F], F]:
-    """Decorator registering ``fn`` under ``name``; returns ``fn`` unchanged.
+    """Decorator registering ``fn`` under ``name`` as an :class:`EstimatorSpec`; returns ``fn`` unchanged.
 
     ``description`` defaults to the first line of the docstring. Registering a
-    taken name raises ``ValueError`` unless ``replace=True``.
+    taken name raises ``ValueError`` unless ``replace=True`` (even for the same
+    function: the new registration may declare other settings).
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; known modes: {list(LOSS_AGG_MODES)}")
+        raise ValueError(
+            f"unknown loss_agg_mode {loss_agg_mode!r}; known modes: {[m.value for m in AggMode]}"
+        )
 
     def decorator(fn: F) -> F:
-        if name in _REGISTRY and not replace:
+        if name in ESTIMATORS and not replace:
             raise ValueError(f"estimator {name!r} is already registered (pass replace=True to override)")
         _param_names(fn)  # validates the signature
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        _REGISTRY[name] = EstimatorSpec(
+        spec = EstimatorSpec(
             name=name,
             fn=fn,
-            loss_agg_mode=loss_agg_mode,
+            loss_agg_mode=str(loss_agg_mode),  # a plain string (YAML, JSON), even from an AggMode
             description=description or (doc[0] if doc else ""),
             needs=tuple(needs),
             agg_source=agg_source,
         )
+        ESTIMATORS.register(name, spec, replace=True)  # a taken name was refused above unless replace
         return fn
 
     return decorator
@@ -142,17 +143,11 @@ def register_estimator(
 def get_estimator(name: str) -> EstimatorSpec:
     """The :class:`EstimatorSpec` registered under ``name``.
 
-    Unknown names raise :class:`UnknownEstimatorError` (a ``KeyError`` and a
-    ``ValueError``) whose message lists the known names.
+    Unknown names raise :class:`UnknownEstimatorError` (a ``KeyError``, a ``ValueError``
+    and a :class:`~horizonrl.errors.ConfigError`) whose message lists the known names.
     """
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise UnknownEstimatorError(
-            f"unknown estimator {name!r}; known estimators: {list_estimators()}"
-        ) from None
+    return ESTIMATORS.get(name)
 
 
-def list_estimators() -> list[str]:
-    """Registered estimator names, sorted."""
-    return sorted(_REGISTRY)
+#: Registered estimator names, sorted.
+list_estimators = ESTIMATORS.names

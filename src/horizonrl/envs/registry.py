@@ -12,47 +12,42 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from horizonrl.envs.base import Env
+from horizonrl.registry import Registry, UnknownNameError
 from horizonrl.userimport import import_user_module
 
 E = TypeVar("E", bound=type[Env])
 
-_REGISTRY: dict[str, type[Env]] = {}
+
+class UnknownEnvError(UnknownNameError):
+    """Raised by :func:`get_env` for an unregistered name (a ``KeyError`` and a ``ValueError``)."""
 
 
-class UnknownEnvError(KeyError, ValueError):
-    """Raised by :func:`get_env` for a name that is not registered."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+ENVS: Registry[type[Env]] = Registry(
+    "environment",
+    register_with="@register_env(NAME) in a module that env.imports names",
+    error=UnknownEnvError,
+)
 
 
 def register_env(name: str) -> Callable[[E], E]:
-    """Class decorator: register an :class:`Env` subclass under ``name`` and set its ``name``."""
+    """Class decorator: register an :class:`Env` subclass under ``name`` and set its ``name``.
+
+    The same class defined again by a re-imported module replaces the entry; another class
+    under a taken name raises ``ValueError``.
+    """
 
     def deco(cls: E) -> E:
         if not (isinstance(cls, type) and issubclass(cls, Env)):
             raise TypeError(f"register_env({name!r}) expects an Env subclass, got {cls!r}")
-        old = _REGISTRY.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(
-                f"environment {name!r} is already registered by {old.__module__}.{old.__qualname__}"
-            )
+        ENVS.register(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
-def get_env(name: str) -> type[Env]:
-    """The environment class registered as ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownEnvError(
-            f"unknown environment {name!r}; known: {', '.join(list_envs()) or 'none'} (an environment "
-            "from your own code registers when env.imports names its module)"
-        ) from None
+#: The environment class registered as ``name`` (:class:`UnknownEnvError` naming the known ones).
+get_env = ENVS.get
 
 
 def make_env(name: str, **knobs: Any) -> Env:
@@ -60,9 +55,8 @@ def make_env(name: str, **knobs: Any) -> Env:
     return get_env(name)(**knobs)
 
 
-def list_envs() -> list[str]:
-    """Names of all registered environments, sorted."""
-    return sorted(_REGISTRY)
+#: Names of all registered environments, sorted.
+list_envs = ENVS.names
 
 
 def import_env_modules(targets: str | Sequence[str]) -> list[ModuleType]:

@@ -6,36 +6,35 @@ shares that model (``hf``: the embedded engine runs the training model itself, s
 ``Engine.sync`` is a no-op) or keeps its own copy that ``sync`` updates in place
 (``vllm``). A factory is ``fn(model, tokenizer, *, device, max_batch_size, seed,
 shared, **params) -> Engine``; ``shared=False`` asks for an engine that only sees
-the weights passed to ``sync`` (RTPO with ``rtpo.sync_every > 1``).
+the weights passed to ``sync`` (RTPO with ``train.trainer_params.sync_every > 1``).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from horizonrl.inference.base import Engine
+from horizonrl.registry import Registry
 
 EngineFactory = Callable[..., Engine]
-_REGISTRY: dict[str, EngineFactory] = {}
-# Engines whose module is imported on first use (heavy optional dependencies).
-_LAZY = {"vllm": "horizonrl.inference.vllm_engine"}
+
+ENGINES: Registry[EngineFactory] = Registry(
+    "engine",
+    register_with="@register_engine(NAME) (horizonrl.inference)",
+    # Engines whose module is imported on first use (heavy optional dependencies).
+    lazy={"vllm": "horizonrl.inference.vllm_engine"},
+)
 
 
-def register_engine(name: str):
-    def deco(fn: EngineFactory) -> EngineFactory:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"engine {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
+    """Decorator registering an engine factory (see the module docstring for its signature)."""
+    return ENGINES.register(name)
 
 
-def list_engines() -> list[str]:
-    return sorted(set(_REGISTRY) | set(_LAZY))
+#: Names of the engines, sorted (``vllm`` included before its module is imported).
+list_engines = ENGINES.names
 
 
 def make_engine(
@@ -49,18 +48,19 @@ def make_engine(
     shared: bool = True,
     params: dict[str, Any] | None = None,
 ) -> Engine:
-    """The engine ``name`` over ``model`` (see the module docstring)."""
-    if name not in _REGISTRY and name in _LAZY:
-        try:
-            importlib.import_module(_LAZY[name])
-        except ImportError as e:
-            raise ValueError(
-                f"inference.engine={name!r} needs its optional dependencies ({e}); "
-                f"install them with: pip install 'horizonrl[{name}]'"
-            ) from e
-    if name not in _REGISTRY:
-        raise ValueError(f"inference.engine={name!r}: unknown engine; known: {list_engines()}")
-    return _REGISTRY[name](
+    """The engine ``name`` over ``model`` (see the module docstring).
+
+    An unknown name raises :class:`~horizonrl.registry.UnknownNameError` (a ``ValueError``) naming the
+    known ones; an engine whose optional dependencies are missing, ``ValueError`` with the pip command.
+    """
+    try:
+        factory = ENGINES.get(name, field="inference.engine")
+    except ImportError as e:
+        raise ValueError(
+            f"inference.engine={name!r} needs its optional dependencies ({e}); "
+            f"install them with: pip install 'horizonrl[{name}]'"
+        ) from e
+    return factory(
         model,
         tokenizer,
         device=device,

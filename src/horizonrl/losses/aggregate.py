@@ -4,6 +4,8 @@
 non-negative reals, 0 on masked and padded tokens; any real-valued per-token
 credit (ECHO's mask, soft weights) enters here.
 
+The modes are the members of :class:`horizonrl.vocab.AggMode` (each equal to its string):
+
 =========================== ==================================================================
 mode                        value
 =========================== ==================================================================
@@ -36,18 +38,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "rollout-mean-token-mean",
-)
+from horizonrl.vocab import AggMode
+
+#: The modes :func:`aggregate` accepts: every :class:`~horizonrl.vocab.AggMode` (plain strings compare equal).
+AGG_MODES: tuple[AggMode, ...] = tuple(AggMode)
 
 
 def _check_mode(mode: str) -> None:
     if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; known modes: {list(AGG_MODES)}")
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; known modes: {[m.value for m in AggMode]}")
 
 
 def _as_2d(x: Tensor) -> Tensor:
@@ -84,17 +83,17 @@ def token_coefficients(
         raise ValueError("weights must be non-negative (put signed credit in the advantages)")
     row_w = w.sum(dim=1)  # [rows]
     n_rows = (row_w > 0).sum().to(torch.float64)
-    if mode == "token-mean":
+    if mode == AggMode.TOKEN_MEAN:
         coef = w * _safe_inverse(w.sum())
-    elif mode == "seq-mean-token-mean":
+    elif mode == AggMode.SEQ_MEAN_TOKEN_MEAN:
         coef = w * (_safe_inverse(row_w) * _safe_inverse(n_rows)).unsqueeze(1)
-    elif mode == "seq-mean-token-sum":
+    elif mode == AggMode.SEQ_MEAN_TOKEN_SUM:
         coef = w * _safe_inverse(n_rows)
-    elif mode == "seq-mean-token-sum-norm":
+    elif mode == AggMode.SEQ_MEAN_TOKEN_SUM_NORM:
         if norm_tokens is not None and not norm_tokens > 0:
             raise ValueError(f"norm_tokens must be > 0, got {norm_tokens}")
         coef = w * _safe_inverse(n_rows * (norm_tokens if norm_tokens is not None else w.shape[1]))
-    else:  # rollout-mean-token-mean
+    else:  # AggMode.ROLLOUT_MEAN_TOKEN_MEAN
         if rollout_ids is None:
             raise ValueError("mode 'rollout-mean-token-mean' needs rollout_ids ([rows] tensor)")
         ids = torch.as_tensor(rollout_ids, device=w.device).reshape(-1)

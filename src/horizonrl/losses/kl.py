@@ -11,24 +11,20 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from horizonrl.registry import Registry
+
 KLFn = Callable[[Tensor, Tensor], Tensor]
-_KL: dict[str, KLFn] = {}
+
+KL_KINDS: Registry[KLFn] = Registry("KL kind", register_with="@register_kl(NAME) (horizonrl.losses)")
 
 
 def register_kl(name: str) -> Callable[[KLFn], KLFn]:
     """Decorator registering a per-token KL estimator ``fn(logp, ref_logp) -> Tensor``."""
-
-    def decorator(fn: KLFn) -> KLFn:
-        if name in _KL:
-            raise ValueError(f"KL estimator {name!r} is already registered")
-        _KL[name] = fn
-        return fn
-
-    return decorator
+    return KL_KINDS.register(name)
 
 
-def list_kl_kinds() -> list[str]:
-    return sorted(_KL)
+#: Names of the registered KL estimators, sorted.
+list_kl_kinds = KL_KINDS.names
 
 
 @register_kl("low_var_kl")
@@ -54,12 +50,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "low_var_kl") -> Tens
     """Per-token KL estimate of kind ``low_var_kl`` (k3), ``k1`` or ``k2``.
 
     ``ref_logp`` is detached (the reference policy is frozen). Unknown kinds raise
-    ``ValueError`` listing the known ones.
+    :class:`~horizonrl.registry.UnknownNameError` (a ``ValueError``) listing the known ones.
     """
-    try:
-        fn = _KL[kind]
-    except KeyError:
-        raise ValueError(f"unknown KL kind {kind!r}; known kinds: {list_kl_kinds()}") from None
+    fn = KL_KINDS.get(kind)
     if ref_logp.shape != logp.shape:
         raise ValueError(f"ref_logp has shape {tuple(ref_logp.shape)}, expected {tuple(logp.shape)}")
     return fn(logp, ref_logp.detach())

@@ -14,6 +14,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+# The built-in declarations register into spec.PAPERS here, above both modules: spec knows no paper, and
+# every import of spec (or of anything in this package) runs this first.
+from horizonrl.reproduce import papers  # noqa: F401  (registers the papers)
 from horizonrl.reproduce.runner import GateError, Settings, check_gate, plan, run_jobs, warm_start
 from horizonrl.reproduce.spec import (
     Arm,

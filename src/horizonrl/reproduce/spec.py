@@ -5,7 +5,10 @@ warm start and regime, and the arms (each a list of ``section.field=value``
 overrides of the base). Everything else — seeds, held-out size, budget, gate —
 has a default here and can be changed from the command line
 (``horizonrl reproduce NAME --seeds 3``). Papers register themselves with
-:func:`register_paper` (:mod:`horizonrl.reproduce.papers`).
+:func:`register_paper` into :data:`PAPERS`; this module knows none of them: the
+package (:mod:`horizonrl.reproduce`) imports the built-in declarations
+(:mod:`horizonrl.reproduce.papers`) when it is imported, which every import of
+this module does first.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from horizonrl.registry import Registry
 
 
 def check_miss(row: dict[str, Any]) -> str:
@@ -85,30 +90,21 @@ class Paper:
         raise KeyError(f"paper {self.name!r} has no arm {name!r}; arms: {[a.name for a in self.arms]}")
 
 
-_PAPERS: dict[str, Callable[[], Paper]] = {}
+PAPERS: Registry[Callable[[], Paper]] = Registry(
+    "reproduction", register_with="@register_paper(NAME) on a function returning a Paper"
+)
 
 
-def register_paper(name: str):
+def register_paper(name: str) -> Callable[[Callable[[], Paper]], Callable[[], Paper]]:
     """Register a zero-argument function returning the :class:`Paper` ``name``."""
-
-    def deco(fn: Callable[[], Paper]) -> Callable[[], Paper]:
-        if name in _PAPERS and _PAPERS[name] is not fn:
-            raise ValueError(f"paper {name!r} is already registered")
-        _PAPERS[name] = fn
-        return fn
-
-    return deco
+    return PAPERS.register(name)
 
 
 def get_paper(name: str) -> Paper:
-    from horizonrl.reproduce import papers  # noqa: F401  (registers the papers)
-
-    if name not in _PAPERS:
-        raise KeyError(f"unknown reproduction {name!r}; known: {sorted(_PAPERS)}")
-    return _PAPERS[name]()
+    """The :class:`Paper` registered as ``name`` (:class:`~horizonrl.registry.UnknownNameError`, a
+    ``KeyError``, naming the known ones)."""
+    return PAPERS.get(name)()
 
 
-def list_papers() -> list[str]:
-    from horizonrl.reproduce import papers  # noqa: F401
-
-    return sorted(_PAPERS)
+#: Names of the registered reproductions, sorted.
+list_papers = PAPERS.names

@@ -8,8 +8,8 @@ the final-layer hidden state (after the model's final norm, i.e. HF's
 ``hidden_states[-1]``) at the last token of the step's exact prompt ids
 ``p_{i,t}`` (``Turn.prompt_ids``, length ``L_{i,t}``) under the frozen reference
 policy ``pi_ref``: the trainer's ``ref_model`` when it has one (KL > 0), else a
-frozen copy of the initial policy made once and kept on the trainer
-(``trainer._ccpo_ref``). No gradient flows (``torch.inference_mode``).
+frozen copy of the initial policy made once and kept for the run
+(``FeatureContext.state["ref"]``). No gradient flows (``torch.inference_mode``).
 
 Cost: only the *unique* prompts of the batch that are not in the cache run, in
 length-sorted, right-padded micro-batches of at most ``algo.micro_batch_tokens``
@@ -21,8 +21,8 @@ first step shares one prompt, and repeated tasks repeat their early steps.
 
 The provider returns ``[N, D]`` float32 rows aligned with
 :func:`horizonrl.credit.ccpo_features.step_batch_from_groups` (rollouts of the
-groups in order, turns in order) and adds to ``trainer.extra_metrics``:
-``ccpo/hidden_s`` (seconds), ``ccpo/cache_hit_rate`` (share of the batch's unique
+groups in order, turns in order) and these metrics (its wall time is the trainer's
+``time/feature_hidden_s``): ``ccpo/cache_hit_rate`` (share of the batch's unique
 prompts found in the cache), ``ccpo/unique_prompt_rate`` (unique prompts / rows),
 ``ccpo/forward_prompts``, ``ccpo/supported_rate`` (rows with any peer: another
 trajectory of the same task has steps, or any row without self-exclusion) and
@@ -33,7 +33,6 @@ trajectory; the rest of the supported rows use the task fallback).
 from __future__ import annotations
 
 import copy
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -42,7 +41,7 @@ import numpy as np
 import torch
 
 from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
-from horizonrl.train.trainers.features import register_feature
+from horizonrl.train.trainers.features import Feature, FeatureContext, register_feature
 from horizonrl.train.update.batching import micro_batches
 from horizonrl.trajectory import Group
 
@@ -142,38 +141,36 @@ def last_token_states(
     return np.stack(out).astype(np.float32, copy=False)
 
 
-def reference_model(trainer: Any) -> torch.nn.Module:
-    """``pi_ref``: ``trainer.ref_model``, else a frozen initial policy cached as ``trainer._ccpo_ref``.
+def reference_model(ctx: FeatureContext) -> torch.nn.Module:
+    """``pi_ref``: ``ctx.ref_model``, else a frozen initial policy kept in ``ctx.state["ref"]``.
 
-    The copy is made from ``trainer.model`` on the first call of a fresh run (step
+    The copy is made from ``ctx.model`` on the first call of a fresh run (step
     0, before any update). A run resumed past step 0 without a reference model
     reloads its starting weights (``train.init`` or the base model) instead.
     """
-    ref = getattr(trainer, "ref_model", None)
-    if ref is not None:
-        return ref
-    ref = getattr(trainer, "_ccpo_ref", None)
+    if ctx.ref_model is not None:
+        return ctx.ref_model
+    ref = ctx.state.get("ref")
     if ref is None:
-        if getattr(trainer, "step", 0) > 0 and getattr(trainer, "cfg", None) is not None:
+        if ctx.step > 0 and ctx.cfg is not None:
             from horizonrl.train.warmstart.bootstrap import load_policy
 
-            cfg = trainer.cfg
-            ref, _ = load_policy(cfg.model, init=cfg.train.init, work_dir=trainer.run_dir)
-            ref = ref.to(_device(trainer.model))
+            ref, _ = load_policy(ctx.cfg.model, init=ctx.cfg.train.init, work_dir=ctx.run_dir)
+            ref = ref.to(_device(ctx.model))
         else:
-            ref = copy.deepcopy(trainer.model)
+            ref = copy.deepcopy(ctx.model)
         ref = ref.eval().requires_grad_(False)
-        trainer._ccpo_ref = ref
+        ctx.state["ref"] = ref
     return ref
 
 
-def _cache_for(trainer: Any, model: torch.nn.Module) -> HiddenStateCache:
-    """The trainer's cache for ``model`` (a new one if the reference model changed)."""
-    cache = getattr(trainer, "_ccpo_hidden_cache", None)
+def _cache_for(ctx: FeatureContext, model: torch.nn.Module) -> HiddenStateCache:
+    """The run's cache for ``model`` (a new one if the reference model changed)."""
+    cache = ctx.state.get("cache")
     if cache is None or cache.model_id != id(model):
-        cache = HiddenStateCache(getattr(trainer, "ccpo_cache_entries", CACHE_ENTRIES))
+        cache = HiddenStateCache(ctx.state.get("cache_entries", CACHE_ENTRIES))
         cache.model_id = id(model)
-        trainer._ccpo_hidden_cache = cache
+        ctx.state["cache"] = cache
     return cache
 
 
@@ -182,17 +179,16 @@ def step_prompts(groups: Sequence[Group]) -> list[PromptKey]:
     return [tuple(t.prompt_ids) for g in groups for r in g.rollouts for t in r.turns]
 
 
-def hidden_states(trainer: Any, groups: Sequence[Group]) -> tuple[np.ndarray, dict[str, float]]:
+def hidden_states(ctx: FeatureContext, groups: Sequence[Group]) -> tuple[np.ndarray, dict[str, float]]:
     """``([N, D] float32 states, stats)`` for the steps of ``groups`` (module docstring)."""
-    model = reference_model(trainer)
-    cache = _cache_for(trainer, model)
+    model = reference_model(ctx)
+    cache = _cache_for(ctx, model)
     prompts = step_prompts(groups)
     unique = list(dict.fromkeys(prompts))
     found = {k: v for k in unique if (v := cache.get(k)) is not None}
     missing = [k for k in unique if k not in found]
-    cfg = getattr(trainer, "cfg", None)
-    budget = cfg.algo.micro_batch_tokens if cfg is not None else DEFAULT_TOKEN_BUDGET
-    tok = getattr(trainer, "tokenizer", None)
+    budget = ctx.cfg.algo.micro_batch_tokens if ctx.cfg is not None else DEFAULT_TOKEN_BUDGET
+    tok = ctx.tokenizer
     pad_id = (getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
     if missing:
         states = last_token_states(model, missing, pad_id=pad_id, token_budget=budget)
@@ -250,19 +246,12 @@ def aliased_rate(groups: Sequence[Group]) -> float:
 
 
 @register_feature("hidden")
-def hidden(trainer: Any, groups: Sequence[Group], params: dict[str, Any]) -> np.ndarray:
-    """CCPO's ``hidden=[N, D]`` input (module docstring); logs ``ccpo/*`` into ``trainer.extra_metrics``."""
-    t0 = time.perf_counter()
-    out, stats = hidden_states(trainer, groups)
+def hidden(ctx: FeatureContext, groups: Sequence[Group], params: dict[str, Any]) -> Feature:
+    """CCPO's ``hidden=[N, D]`` input and its ``ccpo/*`` metrics (module docstring)."""
+    out, stats = hidden_states(ctx, groups)
     mode = observation_mode(params.get("obs_key", "text"))
     sup, exact = support_rates(groups, exclude_self=bool(params.get("exclude_self", True)), observation=mode)
     stats.update(
         {"ccpo/supported_rate": sup, "ccpo/exact_peer_rate": exact, "ccpo/aliased_rate": aliased_rate(groups)}
     )
-    stats["ccpo/hidden_s"] = time.perf_counter() - t0
-    metrics = getattr(trainer, "extra_metrics", None)
-    if metrics is None:
-        metrics = {}
-        trainer.extra_metrics = metrics
-    metrics.update(stats)
-    return out
+    return Feature(out, stats)

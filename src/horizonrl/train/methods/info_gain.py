@@ -10,7 +10,7 @@ scored inside an open assistant turn). The probe and the answer are encoded
 tokens are exactly the ones the policy writes after ``<answer>`` (encoding the
 answer on its own, or after a trailing space, gives tokens the policy never
 produces). Only answer tokens are scored; no gradient. All contexts of a step go
-to the engine in one batched ``score()`` call, timed as ``ig/score_s``.
+to the engine in one batched ``score()`` call, timed as ``time/ig_score_s``.
 
 Mosaic (paper §3.2): for each non-terminal session ``s``,
 ``r^Δ_s = score(h^+_s) - score(h^-_s)`` with, per session kind,
@@ -38,7 +38,7 @@ from horizonrl.credit.mosaic import (
     marginal_information_gain,
     terminal_session_index,
 )
-from horizonrl.train.trainers.features import register_feature
+from horizonrl.train.trainers.features import Feature, FeatureContext, register_feature
 from horizonrl.trajectory import Group, Rollout, Segment
 
 PROBE = "Now there's enough information to answer. <answer>"
@@ -58,17 +58,18 @@ def probe_split(tokenizer, answer: str, probe: str = PROBE) -> tuple[list[int], 
 class _Scorer:
     """Collects (context, answer) pairs and scores them in one batched call."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        self.renderer = trainer.renderer
+    def __init__(self, ctx: FeatureContext) -> None:
+        self.ctx = ctx
+        self.renderer = ctx.renderer
         self.header = list(self.renderer.continuation_ids([]))
         self.contexts: list[list[int]] = []
         self.answers: list[list[int]] = []
         self._split: dict[str, tuple[list[int], list[int]]] = {}
+        self.metrics: dict[str, float] = {}
 
     def split(self, answer: str) -> tuple[list[int], list[int]]:
         if answer not in self._split:
-            self._split[answer] = probe_split(self.trainer.tokenizer, answer)
+            self._split[answer] = probe_split(self.ctx.tokenizer, answer)
         return self._split[answer]
 
     def add(self, h: Sequence[int], answer: str) -> int:
@@ -82,15 +83,15 @@ class _Scorer:
 
     def run(self) -> list[float]:
         t0 = time.perf_counter()
-        out = self.trainer.engine.score(self.contexts, self.answers) if self.contexts else []
-        self.trainer.extra_metrics["ig/score_s"] = time.perf_counter() - t0
-        self.trainer.extra_metrics["ig/scored_contexts"] = float(len(self.contexts))
+        out = self.ctx.engine.score(self.contexts, self.answers) if self.contexts else []
+        self.metrics["time/ig_score_s"] = time.perf_counter() - t0
+        self.metrics["ig/scored_contexts"] = float(len(self.contexts))
         return [answer_score(lp) for lp in out]
 
 
 def _gold_answer(scorer: _Scorer, rollout: Rollout) -> str:
     """The gold answer text of the rollout's task (scored by :meth:`_Scorer.add`)."""
-    task = scorer.trainer.tasks_by_id.get(rollout.task_id)
+    task = scorer.ctx.tasks_by_id.get(rollout.task_id)
     if task is None:
         raise ValueError(f"information gain needs the gold answer of task {rollout.task_id!r}")
     if not scorer.split(str(task.answer))[1]:
@@ -112,11 +113,11 @@ def session_contexts(seg: Segment) -> tuple[list[int], list[int]] | None:
 
 
 @register_feature("gains")
-def mosaic_gains(trainer: Any, groups: Sequence[Group], params: dict[str, Any]):
+def mosaic_gains(ctx: FeatureContext, groups: Sequence[Group], params: dict[str, Any]) -> Feature:
     """Raw marginal IG per rollout and session for the ``mosaic`` estimator (None if shaping is off)."""
     if params.get("shaping", True) is False:
-        return None
-    scorer = _Scorer(trainer)
+        return Feature(None)
+    scorer = _Scorer(ctx)
     plan: list[list[tuple[int, int] | None]] = []
     for ro in credit.flatten_rollouts(groups):
         answer = _gold_answer(scorer, ro)
@@ -133,20 +134,19 @@ def mosaic_gains(trainer: Any, groups: Sequence[Group], params: dict[str, Any]):
     ]
     flat = [g for row in gains for g in row]
     m = information_gain_metrics(flat)
-    trainer.extra_metrics.update(
-        {
-            "ig/positive_rate": m["positive_ig_rate"],
-            "ig/per_session": m["ig_per_session"],
-            "ig/eligible_sessions": m["eligible"],
-        }
-    )
-    return gains
+    metrics = {
+        **scorer.metrics,
+        "ig/positive_rate": m["positive_ig_rate"],
+        "ig/per_session": m["ig_per_session"],
+        "ig/eligible_sessions": m["eligible"],
+    }
+    return Feature(gains, metrics)
 
 
 @register_feature("scores")
-def igpo_scores(trainer: Any, groups: Sequence[Group], params: dict[str, Any]):
+def igpo_scores(ctx: FeatureContext, groups: Sequence[Group], params: dict[str, Any]) -> Feature:
     """Per-turn ``(score before, score after)`` pairs for the ``igpo`` estimator."""
-    scorer = _Scorer(trainer)
+    scorer = _Scorer(ctx)
     plan: list[list[tuple[int, int] | None]] = []
     for ro in credit.flatten_rollouts(groups):
         answer = _gold_answer(scorer, ro)
@@ -163,5 +163,4 @@ def igpo_scores(trainer: Any, groups: Sequence[Group], params: dict[str, Any]):
     scores = scorer.run()
     out = [[(scores[a], scores[b]) for a, b in row] for row in plan]
     gains = np.array([b - a for row in out for a, b in row[:-1]] or [0.0])
-    trainer.extra_metrics["ig/turn_gain_mean"] = float(gains.mean())
-    return out
+    return Feature(out, {**scorer.metrics, "ig/turn_gain_mean": float(gains.mean())})

@@ -1,18 +1,20 @@
 """Reverse-turn training: RTPO (paper Algorithm 1, App. E.1; spec/rtpo.md) and its shared base.
 
-One *iteration* (``train.steps`` counts them) samples ``rollout.tasks_per_step``
+Parameters are ``train.trainer_params``
+(:class:`~horizonrl.train.trainers.reverse_turn.ReverseTurnParams`). One *iteration*
+(``train.steps`` counts them) samples ``rollout.tasks_per_step``
 tasks and runs
 
-- Phase 1 — trunks (Alg. 1 line 4): ``rtpo.trunks_per_task`` complete rollouts per
+- Phase 1 — trunks (Alg. 1 line 4): ``trunks_per_task`` complete rollouts per
   task under the current policy. At every realized turn boundary ``k`` the exact
   context ``c_k = psi(S_k)`` (the conditioning map is ``rollout.context``, see
   :mod:`horizonrl.agents.psi`), an environment snapshot ``snap_k`` and the context
   manager's state are recorded (:class:`Boundary`). Trunks get no gradient and
   enter no baseline.
 - Phase 2 — one *stage* per turn, ``k = K-1, ..., 0`` (``K``: the longest trunk):
-  synchronize the engine (every ``rtpo.sync_every`` stages; the weights at the
+  synchronize the engine (every ``sync_every`` stages; the weights at the
   sync are ``theta_old``), restore each boundary of turn ``k`` and sample ``G-1``
-  siblings (``G = rtpo.siblings``) that answer turn ``k`` afresh from ``c_k`` and
+  siblings (``G = train.trainer_params.siblings``) that answer turn ``k`` afresh from ``c_k`` and
   continue to the end (line 8); ``V_k = mean_j R_j``, ``A_j = R_j - V_k`` over the
   siblings only (line 9, :func:`horizonrl.credit.sibling_advantage`); ``E =
   algo.ppo_epochs`` PPO epochs on the siblings' turn-``k`` tokens only (lines 10-16):
@@ -24,16 +26,16 @@ tasks and runs
 
 Siblings sampled by the current weights have trajectory IS weight ``omega = 1``
 exactly (Eq. 108) and ``Q_j = R_j``. When the engine is stale (``sync_every > 1``)
-or with ``rtpo.off_policy`` (siblings of every boundary sampled once by ``theta_0``
+or with ``off_policy`` (siblings of every boundary sampled once by ``theta_0``
 right after the trunks, §4.4 / F.3), ``Q_j = r_{j,k} + w_j F_j`` with ``w_j`` the
 clamped trajectory weight over all downstream tokens (Eqs. 105/110, log space,
-``[rtpo.weight_low, rtpo.weight_high]``). ``rtpo.flat`` trains each turn under the
+``[train.trainer_params.weight_low, train.trainer_params.weight_high]``). ``flat`` trains each turn under the
 concatenated full history ``S_k`` instead of ``c_k`` (what flattened GRPO does),
 which shows the rollout/train mismatch RTPO removes in ``train/ratio_geomean``.
 
 Budget, logging and checkpoints are the shared reverse-turn machinery's
 (:mod:`horizonrl.train.trainers.reverse_turn`): every generated rollout and token is
-counted, ``rtpo.max_rollouts`` / ``train.max_gen_tokens`` end the run before a
+counted, ``max_rollouts`` / ``train.max_gen_tokens`` end the run before a
 phase would exceed them, so a run can be matched to a GRPO run's budget.
 """
 
@@ -46,7 +48,7 @@ import numpy as np
 from horizonrl.agents.psi import Boundary, flat_prompts, resume_episode
 from horizonrl.agents.react import episode_program
 from horizonrl.credit.rtpo import off_policy_q_values, sibling_advantage
-from horizonrl.train.trainers.registry import register_trainer
+from horizonrl.train.trainers.registry import register_trainer, trainer_params
 from horizonrl.train.trainers.reverse_turn import (
     ReverseTurnTrainer,
     Sweep,
@@ -62,10 +64,12 @@ class RTPOTrainer(ReverseTurnTrainer):
     """RTPO (module docstring): trunks, then reverse stages of on-policy siblings at each boundary."""
 
     def __init__(self, cfg, *, resume: bool = False) -> None:
-        if cfg.rtpo.siblings < 3:
+        siblings = trainer_params(cfg).siblings
+        if siblings < 3:
             raise ValueError(
-                f"rtpo.siblings={cfg.rtpo.siblings} is degenerate: with G-1 = 1 sibling per boundary "
-                "A = R - mean(R) = 0 always and no turn is trained; use rtpo.siblings >= 3 (paper: G-1 = 2)"
+                f"train.trainer_params.siblings={siblings} is degenerate: with G-1 = 1 sibling per boundary "
+                "A = R - mean(R) = 0 always and no turn is trained; use train.trainer_params.siblings >= 3 "
+                "(paper: G-1 = 2)"
             )
         super().__init__(cfg, resume=resume)
 
@@ -78,28 +82,28 @@ class RTPOTrainer(ReverseTurnTrainer):
 
     def siblings_of(self, bs: list[Boundary], tag: str, kind: str) -> list[list[Rollout]]:
         """``G-1`` siblings for each boundary, generated in one batch (a budget phase of ``kind``)."""
-        g1 = self.cfg.rtpo.siblings - 1
+        g1 = self.tparams.siblings - 1
         made = [self.sibling(b, f"{b.trunk}/k{b.turn}{tag}-{j}") for b in bs for j in range(g1)]
         sibs = self.run_programs(made, kind)
         return [sibs[i * g1 : (i + 1) * g1] for i in range(len(bs))]
 
     def begin_sweep(self, tasks: list[int]) -> Sweep:
         boundaries: list[Boundary] = []
-        n = self.cfg.rtpo.trunks_per_task
+        n = self.tparams.trunks_per_task
         made = [
             self.fresh_episode(i, f"it{self.iteration}-{i}-t{t}", boundaries) for i in tasks for t in range(n)
         ]
         trunks = self.run_programs(made, "phase1")
-        if self.cfg.rtpo.flat:
+        if self.tparams.flat:
             flats = {r.uid: flat_prompts(agent_turns(r), self.renderer) for r in trunks}
             for b in boundaries:
                 b.flat = flats[b.trunk][b.turn]
         stages = sorted({b.turn for b in boundaries}, reverse=True)
         data: dict[str, Any] = {"boundaries": boundaries, "trunks": [r.uid for r in trunks]}
-        if self.cfg.rtpo.off_policy:  # every boundary's siblings under theta_0, reused at its stage
+        if self.tparams.off_policy:  # every boundary's siblings under theta_0, reused at its stage
             keep, cost = [], 0
             for k in stages:
-                n = sum(b.turn == k for b in boundaries) * (self.cfg.rtpo.siblings - 1)
+                n = sum(b.turn == k for b in boundaries) * (self.tparams.siblings - 1)
                 if not self.affordable(cost + n, "phase1"):
                     break
                 keep.append(k)
@@ -113,16 +117,16 @@ class RTPOTrainer(ReverseTurnTrainer):
         return Sweep(iteration=self.iteration, stages=stages, data=data, metrics=metrics)
 
     def stage_cost(self, k: int) -> int:
-        if self.cfg.rtpo.off_policy:
+        if self.tparams.off_policy:
             return 0
-        return sum(b.turn == k for b in self.sweep.data["boundaries"]) * (self.cfg.rtpo.siblings - 1)
+        return sum(b.turn == k for b in self.sweep.data["boundaries"]) * (self.tparams.siblings - 1)
 
     def stage_groups(self, k: int) -> list[tuple[Boundary, list[Rollout]]]:
         """The boundaries of turn ``k`` with their siblings (fresh on-policy, or from the off-policy pool)."""
         data = self.sweep.data
         idx = [i for i, b in enumerate(data["boundaries"]) if b.turn == k]
         bs = [data["boundaries"][i] for i in idx]
-        if self.cfg.rtpo.off_policy:
+        if self.tparams.off_policy:
             sibs = [data["pool"][i] for i in idx]
         else:
             sibs = self.siblings_of(bs, "", f"stage{k}")
@@ -130,7 +134,7 @@ class RTPOTrainer(ReverseTurnTrainer):
 
     def stage_batch(self, k: int) -> dict[str, Any]:
         groups = self.stage_groups(k)
-        fresh = self.engine_fresh and not self.cfg.rtpo.off_policy
+        fresh = self.engine_fresh and not self.tparams.off_policy
         items, reward_sets, weights, rollouts = [], [], [], []
         for b, sibs in groups:
             returns = np.array([s.reward for s in sibs], dtype=np.float64)
@@ -143,7 +147,7 @@ class RTPOTrainer(ReverseTurnTrainer):
             adv = sibling_advantage(q)
             for s, a in zip(sibs, adv, strict=True):
                 turn = agent_turns(s)[0]
-                items.append((turn, b.flat if self.cfg.rtpo.flat else turn.prompt_ids, float(a)))
+                items.append((turn, b.flat if self.tparams.flat else turn.prompt_ids, float(a)))
             reward_sets.append(q)
             weights.extend(w.tolist())
             rollouts.extend(sibs)

@@ -8,8 +8,8 @@ task's chains that reached it::
 
     A_{i,k} = w_{i,k} * (R_i - mean_{i' in G_k} R_{i'}) / (std_{G_k} R + eps)
 
-where ``w_{i,k} = clamp(prod_{h>k} prod_t pi_theta / pi_old, rtpo.weight_low,
-rtpo.weight_high)`` corrects for the turns after ``k`` already updated in this
+where ``w_{i,k} = clamp(prod_{h>k} prod_t pi_theta / pi_old, train.trainer_params.weight_low,
+train.trainer_params.weight_high)`` corrects for the turns after ``k`` already updated in this
 sweep (HAPPO-style sequential correction; ``w = 1`` at the first stage). The
 chains are never re-sampled during the sweep, and each turn is trained under the
 *flat* history (the concatenated full history ``S_k``,

@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from horizonrl.config import ConfigError
+from horizonrl.errors import ConfigError
+from horizonrl.registry import Registry
 
 
 class LoggerUnavailableError(ConfigError):
@@ -66,29 +67,41 @@ class ExperimentLogger:
         """Flush and release the backend."""
 
 
-_REGISTRY: dict[str, type[ExperimentLogger]] = {}
+EXPERIMENT_LOGGERS: Registry[type[ExperimentLogger]] = Registry(
+    "logger",
+    register_with="@register_logger on an ExperimentLogger subclass (horizonrl.train.records.loggers)",
+    sort=False,  # the documented order: jsonl, then the backends as defined below
+)
 
 
 def register_logger(cls: type[ExperimentLogger]) -> type[ExperimentLogger]:
-    if cls.name in _REGISTRY:
-        raise ValueError(f"logger {cls.name!r} is already registered")
-    _REGISTRY[cls.name] = cls
-    return cls
+    """Class decorator registering an :class:`ExperimentLogger` subclass under its ``name``."""
+    return EXPERIMENT_LOGGERS.register(cls.name, cls)
 
 
-def list_loggers() -> list[str]:
-    """Backend names, with ``jsonl`` (written by the metrics logger itself)."""
-    return ["jsonl", *_REGISTRY]
+@register_logger
+class JsonlLogger(ExperimentLogger):
+    """``jsonl``: ``metrics.jsonl``, always written by the metrics logger itself; registered so the name is
+    known, never constructed by :func:`make_loggers`."""
+
+    name = "jsonl"
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        """Nothing: the metrics logger writes ``metrics.jsonl``."""
+
+
+#: Logger names in their documented order, ``jsonl`` (written by the metrics logger itself) first.
+list_loggers = EXPERIMENT_LOGGERS.names
 
 
 def check_loggers(names: Sequence[str]) -> None:
-    """Raise :class:`LoggerUnavailableError` (one line, with the pip command) for a missing package."""
+    """Raise :class:`LoggerUnavailableError` (one line, with the pip command) for a missing package.
+
+    An unknown name raises :class:`~horizonrl.registry.UnknownNameError` (a ``ConfigError``) naming the
+    known ones.
+    """
     for name in names:
-        if name == "jsonl":
-            continue
-        if name not in _REGISTRY:
-            raise ConfigError(f"train.loggers: unknown logger {name!r}; known: {list_loggers()}")
-        cls = _REGISTRY[name]
+        cls = EXPERIMENT_LOGGERS.get(name, field="train.loggers")
         if cls.package and importlib.util.find_spec(cls.package) is None:
             raise LoggerUnavailableError(
                 f"train.loggers: {name!r} needs the {cls.package} package: pip install {cls.pip} "
@@ -105,9 +118,11 @@ def make_loggers(
     out: list[ExperimentLogger] = []
     try:
         for name in names:
-            if name != "jsonl":
+            if name != JsonlLogger.name:
                 out.append(
-                    _REGISTRY[name](run_dir, project=project, run_name=run_name, config=config, resume=resume)
+                    EXPERIMENT_LOGGERS.get(name)(
+                        run_dir, project=project, run_name=run_name, config=config, resume=resume
+                    )
                 )
     except BaseException:
         for lg in out:
@@ -302,7 +317,9 @@ class TrackioLogger(ExperimentLogger):
 
 
 __all__ = [
+    "EXPERIMENT_LOGGERS",
     "ExperimentLogger",
+    "JsonlLogger",
     "LoggerUnavailableError",
     "check_loggers",
     "list_loggers",

@@ -84,12 +84,9 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     from horizonrl.inference.registry import TRAINER_SET, engine_parameters, list_engines
 
     if trainer:
-        from horizonrl.train.trainers.registry import list_trainers
+        from horizonrl.train.trainers.registry import trainer_params
 
-        if cfg.train.trainer not in list_trainers():
-            raise ConfigError(
-                f"train.trainer={cfg.train.trainer!r}: unknown trainer; known: {list_trainers()}"
-            )
+        trainer_params(cfg)  # the trainer exists and its train.trainer_params fit
     a, r = cfg.algo, cfg.rollout
     if a.estimator not in credit.list_estimators():
         raise ConfigError(
@@ -213,10 +210,13 @@ def check_resume_config(cfg: RunConfig, saved_path: str | Path) -> None:
         saved = load_config(saved_path)
     except ConfigError as e:
         raise ConfigError(f"--resume: the run's saved config cannot be read: {e}") from None
-    lines = resume_conflicts(saved, cfg)
+    from horizonrl.train.trainers.registry import resumable_params
+
+    allowed = resumable_params(cfg)
+    lines = [ln for ln in resume_conflicts(saved, cfg) if ln.split(":", 1)[0] not in allowed]
     if lines:
         raise ConfigError(
             f"--resume: the config differs from the run's saved {saved_path} (only "
-            f"{', '.join(resumable_fields())} may change on resume; start a new run with "
+            f"{', '.join([*resumable_fields(), *allowed])} may change on resume; start a new run with "
             "train.init=<checkpoint> to change anything else):\n  " + "\n  ".join(lines)
         )

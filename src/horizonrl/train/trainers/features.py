@@ -1,68 +1,111 @@
-"""Model-computed inputs of credit estimators (``EstimatorSpec.needs``).
+"""Model-computed inputs of credit estimators (``EstimatorSpec.needs``): the trainer-to-method seam.
 
 Credit estimators are pure NumPy (DESIGN.md); the few that need a model's view
 of the rollouts declare it, e.g. ``@register_estimator("ccpo", needs=("hidden",))``,
 and the trainer computes each need with the provider registered here::
 
     @register_feature("hidden")
-    def hidden(trainer, groups, params) -> np.ndarray | None: ...
+    def hidden(ctx: FeatureContext, groups, params) -> Feature: ...
 
-A provider gets the trainer (``engine``, ``renderer``, ``tokenizer``, ``model``,
-``ref_model``, ``device``, ``tasks_by_id``, ``cfg``), the step's groups and the
-estimator's configured parameters, and returns the keyword value, or ``None``
-when the configured ablation does not use it (then nothing is passed).
-Providers: ``gains`` and ``scores`` (:mod:`.info_gain`: Mosaic, IGPO),
-``hidden`` (:mod:`.hidden`: CCPO).
+A provider gets a :class:`FeatureContext` (exactly what it may use: the engine,
+renderer, tokenizer, models, config, tasks, and a state dict of its own that
+lives as long as the run), the step's groups and the estimator's configured
+parameters. It returns a :class:`Feature`: the keyword value for the estimator
+(``None`` when the configured ablation does not use it, then nothing is passed)
+and its own metrics, which the trainer logs beside ``time/feature_<name>_s``.
+The providers live with their methods and register from the plug-in list
+:mod:`horizonrl.train.methods`: ``gains`` and ``scores`` (Mosaic, IGPO),
+``hidden`` (CCPO).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from horizonrl.registry import Registry
 from horizonrl.trajectory import Group
 
-FeatureFn = Callable[[Any, Sequence[Group], dict[str, Any]], Any]
-_REGISTRY: dict[str, FeatureFn] = {}
+
+@dataclass
+class FeatureContext:
+    """What a feature provider may use; built by the trainer for each step."""
+
+    cfg: Any
+    """The run's :class:`~horizonrl.config.RunConfig`."""
+    engine: Any
+    """The rollout engine (``generate``/``score``), not charged to the token budget."""
+    renderer: Any
+    """The :class:`~horizonrl.models.ChatRenderer` the rollouts were rendered with."""
+    tokenizer: Any
+    """The policy's tokenizer."""
+    model: Any
+    """The policy being trained (its current weights; do not update it)."""
+    ref_model: Any | None
+    """The frozen KL reference (``algo.kl_coef > 0``), else ``None``."""
+    tasks_by_id: Mapping[str, Any]
+    """Every train and test task by id (gold answers)."""
+    step: int = 0
+    """Updates done so far in this run (0 before the first)."""
+    run_dir: Path | None = None
+    """The run directory (reloading starting weights on resume)."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """The provider's own storage, kept across the steps of one run (caches, frozen copies)."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A provider's answer: the estimator's keyword value (``None``: not passed) and its metrics."""
+
+    value: Any
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+FeatureFn = Callable[[FeatureContext, Sequence[Group], dict[str, Any]], Feature]
+
+FEATURES: Registry[FeatureFn] = Registry(
+    "estimator input (feature provider)",
+    register_with="@register_feature(NAME) (horizonrl.train.trainers.features)",
+    plugins=("horizonrl.train.methods",),
+)
 
 
 def register_feature(name: str) -> Callable[[FeatureFn], FeatureFn]:
-    def deco(fn: FeatureFn) -> FeatureFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"feature provider {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
-
-
-def _load() -> None:
-    import importlib
-
-    importlib.import_module("horizonrl.train.methods")
+    """Register ``fn(ctx, groups, params) -> Feature`` as the provider of estimator input ``name``."""
+    return FEATURES.register(name)
 
 
 def list_features() -> list[str]:
-    _load()
-    return sorted(_REGISTRY)
+    return FEATURES.names()
 
 
 def compute_features(
-    trainer: Any, needs: Sequence[str], groups: Sequence[Group], params: dict[str, Any]
+    ctx: FeatureContext | Callable[[str], FeatureContext],
+    needs: Sequence[str],
+    groups: Sequence[Group],
+    params: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Values for every need not already in ``params``, and ``time/feature_<name>_s`` timings."""
-    _load()
+    """``(values, metrics)``: a value for every need not already in ``params``, each provider's
+    metrics and its wall time as ``time/feature_<name>_s``.
+
+    ``ctx`` is the context, or a function of the provider's name returning it (so each provider
+    gets its own ``state``).
+    """
     values: dict[str, Any] = {}
-    timings: dict[str, float] = {}
+    metrics: dict[str, float] = {}
     for need in needs:
         if need in params:
             continue
-        if need not in _REGISTRY:
-            raise ValueError(f"no provider for estimator input {need!r}; known: {list_features()}")
+        provider = FEATURES.get(need)
         t0 = time.perf_counter()
-        value = _REGISTRY[need](trainer, groups, params)
-        timings[f"time/feature_{need}_s"] = time.perf_counter() - t0
-        if value is not None:
-            values[need] = value
-    return values, timings
+        out = provider(ctx(need) if callable(ctx) else ctx, groups, params)
+        metrics[f"time/feature_{need}_s"] = time.perf_counter() - t0
+        if not isinstance(out, Feature):
+            raise TypeError(f"feature provider {need!r} returned {type(out).__name__}, not a Feature")
+        metrics.update(out.metrics)
+        if out.value is not None:
+            values[need] = out.value
+    return values, metrics

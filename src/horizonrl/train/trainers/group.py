@@ -43,7 +43,7 @@ from horizonrl.train.rollout.collect import collect_groups, evaluate, rollout_me
 from horizonrl.train.rollout.env_setup import env_setup
 from horizonrl.train.rollout.workers import close_quietly, make_env_pool, make_rollout_engine
 from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
-from horizonrl.train.trainers.features import compute_features
+from horizonrl.train.trainers.features import FeatureContext, compute_features
 from horizonrl.train.trainers.loop import Trainer
 from horizonrl.train.trainers.registry import register_trainer
 from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
@@ -53,7 +53,7 @@ from horizonrl.trajectory import Group, build_rows
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
 #: same config and seed: tests/test_reliability.py, docs/reliability.md).
-NONDETERMINISTIC_KEYS = ("time/", "throughput/", "ig/score_s", "ccpo/hidden_s")
+NONDETERMINISTIC_KEYS = ("time/", "throughput/")
 
 
 def _lr_lambda(warmup: int, total: int, schedule: str):
@@ -134,7 +134,8 @@ class GroupTrainer(Trainer):
         )
         self.agent = cfg.rollout.agent
         self.spec = self.agent_spec(self.params)
-        self.extra_metrics: dict[str, float] = {}
+        #: Each feature provider's own state across steps (FeatureContext.state), by provider name.
+        self.feature_state: dict[str, dict[str, Any]] = {}
         self.update_settings = UpdateSettings(
             loss_agg_mode=self.loss_agg_mode,
             clip_low=cfg.algo.clip_low,
@@ -354,6 +355,21 @@ class GroupTrainer(Trainer):
     def advance(self) -> dict[str, float]:
         return self.train_step()
 
+    def feature_context(self, name: str) -> FeatureContext:
+        """What feature provider ``name`` may use this step (its ``state`` lasts the run)."""
+        return FeatureContext(
+            cfg=self.cfg,
+            engine=self.engine,
+            renderer=self.renderer,
+            tokenizer=self.tokenizer,
+            model=self.model,
+            ref_model=self.ref_model,
+            tasks_by_id=self.tasks_by_id,
+            step=self.step,
+            run_dir=self.run_dir,
+            state=self.feature_state.setdefault(name, {}),
+        )
+
     def training_rows(self, rollouts, advantages) -> list:
         """Rows of the step: each turn under its sampled context, or its flat history (algo.train_context)."""
         if self.cfg.algo.train_context == "flat":
@@ -380,9 +396,10 @@ class GroupTrainer(Trainer):
             self.step += 1
             return {"budget/incomplete_phases": 1.0, "time/rollout_s": t1 - t0} | self.budget.metrics()
         self.budget.record_phase("step", len(rollouts), self.budget.spent - spent)
-        self.extra_metrics = {}
         est_params = dict(cfg.algo.estimator_params)
-        features, feature_times = compute_features(self, self.estimator.needs, groups, est_params)
+        features, feature_metrics = compute_features(
+            self.feature_context, self.estimator.needs, groups, est_params
+        )
         with credit.collect_side_info(cfg.train.save_rollouts and cfg.train.save_credit) as side:
             advantages = self.estimator(groups, **est_params, **features)
         rows = self.training_rows(rollouts, advantages)
@@ -409,8 +426,7 @@ class GroupTrainer(Trainer):
         gen_tokens = sum(r.num_response_tokens for r in rollouts)
         flat_adv = np.concatenate([np.asarray(t) for r in advantages for s in r for t in s] or [np.zeros(0)])
         metrics.update(rollout_metrics(rollouts))
-        metrics.update(self.extra_metrics)
-        metrics.update(feature_times)
+        metrics.update(feature_metrics)
         metrics.update(self.budget.metrics())
         metrics.update(stale)
         metrics.update(

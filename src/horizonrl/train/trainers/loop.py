@@ -28,6 +28,8 @@ class Trainer:
 
     #: Label of the progress bar's unit.
     unit = "step"
+    #: The frozen config dataclass of ``train.trainer_params`` this trainer reads (None: it takes none).
+    params_cls: type | None = None
 
     step: int
     cfg: Any

@@ -8,13 +8,13 @@ record (and one optimizer update) per stage; ``step`` counts stages, and
 ``save_every`` too; a checkpoint taken between stages holds the sweep in
 progress (rollouts, boundaries, snapshots), so ``--resume`` continues it.
 
-Engine: with ``rtpo.sync_every = 1`` the engine shares the training model, so
+Engine: with ``train.trainer_params.sync_every = 1`` the engine shares the training model, so
 every stage samples from the current weights; otherwise it is a separate copy
 that only sees the weights at a sync (``theta_old`` of what it samples).
 
 Budget: every generated token is counted (:mod:`horizonrl.train.rollout.budget`,
 ``train.max_gen_tokens``) and every generated rollout (trunk, sibling or chain)
-too (``rtpo.max_rollouts``, the paper's E.3 rule); a phase or stage predicted to
+too (``max_rollouts``, the paper's E.3 rule); a phase or stage predicted to
 overrun either does not start, and one the token budget cut short is discarded.
 """
 
@@ -33,12 +33,14 @@ from horizonrl.agents.driver import drive
 from horizonrl.agents.psi import Boundary, BoundaryRecorder, PsiContext
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.config import ConfigError
+from horizonrl.config.fields import _Section, opt
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
 from horizonrl.errors import CheckpointError
 from horizonrl.train.records.rollout_log import reverse_stage_records, write_rollout_log
 from horizonrl.train.rollout.collect import rollout_metrics
 from horizonrl.train.trainers.checks import check_run
 from horizonrl.train.trainers.group import GroupTrainer
+from horizonrl.train.trainers.registry import trainer_params
 from horizonrl.train.update.ppo import consistency_metrics, ppo_update, score_rows
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
 
@@ -87,6 +89,53 @@ def trunk_metrics(rollouts: list[Rollout], prefix: str = "trunk/") -> dict[str, 
     }
 
 
+@dataclass(frozen=True)
+class ReverseTurnParams(_Section):
+    """``train.trainer_params`` of the reverse-turn trainers (RTPO, paper Algorithm 1; spec/rtpo.md; and
+    SeeUPO, which reads the clamp and the budget)."""
+
+    _prefix = "train.trainer_params."
+    trunks_per_task: int = opt(
+        1, "trunk rollouts per task; every realized turn boundary is a stage", ge=1, le=4096
+    )
+    siblings: int = opt(
+        3,
+        "rollouts per boundary group G: G-1 siblings are sampled at each boundary (the trunk is excluded "
+        "from baselines); G = 2 is degenerate (A = 0) and refused, the paper uses G = 3",
+        ge=2,
+        le=4096,
+    )
+    off_policy: bool = opt(
+        False,
+        "reuse continuations sampled from the initial policy, weighted by the clamped trajectory IS weight",
+    )
+    weight_low: float = opt(
+        0.0,
+        "lower clamp rho_min of the trajectory importance weight of stale continuations (off-policy, "
+        "sync_every > 1, SeeUPO's downstream correction)",
+        ge=0.0,
+    )
+    weight_high: float = opt(
+        1.0, "upper clamp rho_max of that weight (1.0 = truncated IS, never amplifies a return)", gt=0.0
+    )
+    sync_every: int = opt(
+        1,
+        "synchronize engine weights every N stages (1 = fully on-policy, omega = 1; > 1 samples from a "
+        "stale engine copy and weights the continuations)",
+        ge=1,
+    )
+    flat: bool = opt(
+        False, "train under the concatenated full history instead of the context each turn saw (ablation)"
+    )
+    max_rollouts: int = opt(
+        0,
+        "generation budget: end the run before a phase would push the generated rollouts (trunks + "
+        "siblings, or SeeUPO chains) past this; 0 = no cap (match a GRPO run: steps x tasks x G)",
+        ge=0,
+        resume=True,
+    )
+
+
 class ReverseTurnTrainer(GroupTrainer):
     """Shared machinery of the reverse-turn trainers (``rtpo``, ``seeupo``).
 
@@ -96,8 +145,12 @@ class ReverseTurnTrainer(GroupTrainer):
     (the rows, reward sets and rollouts of one stage).
     """
 
+    params_cls = ReverseTurnParams
+
     def __init__(self, cfg, *, resume: bool = False) -> None:
         check_run(cfg)
+        #: ``train.trainer_params``, validated (:class:`ReverseTurnParams`).
+        self.tparams: ReverseTurnParams = trainer_params(cfg)
         r = cfg.rollout
         if r.agent != "react":
             raise ConfigError(f"rollout.agent={r.agent!r}: reverse-turn training needs the 'react' agent")
@@ -152,8 +205,8 @@ class ReverseTurnTrainer(GroupTrainer):
     # ------------------------------------------------------------------ engine and budget
 
     def shares_engine(self) -> bool:
-        """``rtpo.sync_every > 1``: a separate copy that only sees the weights at a sync."""
-        return self.cfg.rtpo.sync_every == 1
+        """``train.trainer_params.sync_every > 1``: a separate copy that only sees the weights at a sync."""
+        return self.tparams.sync_every == 1
 
     def sync_engine(self) -> None:
         """Push the current weights to the engine (they become ``theta_old`` of what it samples)."""
@@ -169,8 +222,8 @@ class ReverseTurnTrainer(GroupTrainer):
         return self.shared_engine or self._versions[1] == self._versions[0]
 
     def affordable(self, rollouts: int, kind: str = "stage") -> bool:
-        """Whether a ``kind`` phase of ``rollouts`` rollouts fits rtpo.max_rollouts and the token budget."""
-        c, b = self.cfg.rtpo, self.budget
+        """Whether a ``kind`` phase of ``rollouts`` rollouts fits ``max_rollouts`` and the token budget."""
+        c, b = self.tparams, self.budget
         if b.clipped or not b.affordable(kind, rollouts):
             return False
         return not c.max_rollouts or b.rollouts + rollouts <= c.max_rollouts
@@ -240,7 +293,7 @@ class ReverseTurnTrainer(GroupTrainer):
         """``w = clamp(prod pi_theta / pi_behavior)`` over each list of downstream turns (Eq. 110)."""
         flat = [t for turns in downstream for t in turns]
         new = iter(self.trainable_logprobs(self.turn_rows([(t, t.prompt_ids, 0.0) for t in flat])))
-        c = self.cfg.rtpo
+        c = self.tparams
         out = []
         for turns in downstream:
             lp_new = [next(new) for _ in turns]
@@ -291,7 +344,7 @@ class ReverseTurnTrainer(GroupTrainer):
 
     def sweep_cost(self) -> int:
         """Rollouts phase 1 of the next iteration generates."""
-        return min(self.cfg.rollout.tasks_per_step, len(self.train_tasks)) * self.cfg.rtpo.trunks_per_task
+        return min(self.cfg.rollout.tasks_per_step, len(self.train_tasks)) * self.tparams.trunks_per_task
 
     def stage_cost(self, k: int) -> int:
         """Rollouts stage ``k`` of the current sweep generates (0 when they were generated in phase 1)."""
@@ -348,7 +401,7 @@ class ReverseTurnTrainer(GroupTrainer):
             self.step += 1
             return m | self.budget.metrics()
         k = sweep.stages[0]
-        if sweep.done % self.cfg.rtpo.sync_every == 0:
+        if sweep.done % self.tparams.sync_every == 0:
             self.sync_engine()
         t1 = time.perf_counter()
         before = (self.budget.rollouts, self.budget.spent)

@@ -1,0 +1,7 @@
+"""The policy update; imports ``records`` and the layers below ``train``.
+
+``batching`` (rows to padded tensors, token-budgeted micro-batches, per-token
+log-probs under the training model), ``ppo`` (PPO epochs over rows: mini-batches,
+KL, the rollout/train consistency metrics) and ``distributed`` (torchrun: DDP /
+FSDP2 update, generation split over ranks, resharded checkpoints).
+"""

@@ -1,0 +1,99 @@
+"""The ``algo`` section: the credit estimator and the policy loss (clipping, KL, mismatch correction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from horizonrl.config.fields import _Section, opt
+from horizonrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AlgoConfig(_Section):
+    _prefix = "algo."
+    estimator: str = opt("grpo", "registered credit estimator (see `horizonrl estimators`)")
+    estimator_params: dict = opt({}, "keyword parameters of the estimator")
+    loss_agg_mode: str | None = opt(
+        None,
+        "loss aggregation mode; default: the estimator's own",
+        choices=(
+            None,
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+            "rollout-mean-token-mean",
+        ),
+    )
+    policy_loss: str = opt(
+        "ppo",
+        "'ppo' (clipped surrogate) or 'reinforce' (unclipped -A * ratio; RLOO's sequence-level REINFORCE "
+        "with loss_agg_mode seq-mean-token-sum)",
+        choices=("ppo", "reinforce"),
+    )
+    loss_norm_tokens: int | None = opt(
+        None,
+        "Dr.GRPO's constant normalizer L of seq-mean-token-sum-norm (null: the generation budget of a "
+        "rollout, rollout.max_new_tokens x rollout.max_turns)",
+        gt=0,
+    )
+    clip_low: float = opt(0.2, "PPO lower clip epsilon", ge=0.0)
+    clip_high: float = opt(0.2, "PPO upper clip epsilon", ge=0.0)
+    dual_clip: float | None = opt(
+        None, "dual-clip constant c (> 1) for negative advantages; null = off", gt=1.0
+    )
+    turn_level_is: bool = opt(False, "replace token ratios by their turn's geometric mean (ECHO ablation)")
+    kl_coef: float = opt(0.0, "KL penalty coefficient toward the frozen initial policy", ge=0.0)
+    kl_kind: str = opt("low_var_kl", "KL estimator", choices=("low_var_kl", "k1", "k2"))
+    ppo_epochs: int = opt(1, "passes over each batch of rollouts", ge=1, le=1000)
+    mini_batches: int = opt(1, "optimizer steps per epoch (rows split evenly)", ge=1, le=10**5)
+    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward micro-batch", ge=64, le=2**26)
+    old_logprobs: str = opt(
+        "rollout",
+        "PPO's pi_old: 'rollout' (the log-probs the rollout engine recorded) or 'recompute' (one no-grad "
+        "pass of the training model over the training rows before the update, as verl does; differs "
+        "from 'rollout' when rows are not the contexts the turns were sampled under, or with a second "
+        "engine)",
+        choices=("rollout", "recompute"),
+    )
+    logprob_clip: float | None = opt(
+        None,
+        "clamp per-token log-probs (new and old) to [-c, c] before the PPO ratio "
+        "(losses.policy_loss); null = off (RTPO paper E.3: 10)",
+        gt=0.0,
+    )
+    tis_cap: float | None = opt(
+        None,
+        "rollout/train mismatch correction: cap C of the importance weight pi_old/pi_rollout (pi_old "
+        "recomputed by the training model, pi_rollout the engine's log-probs); each token's PPO loss is "
+        "weighted by min(ratio, C) (TIS) or dropped when the ratio exceeds C (MIS, tis_mode=mask); as "
+        "verl's rollout_is_threshold / TRL's vllm_importance_sampling_cap; needs "
+        "old_logprobs=recompute; null = off",
+        gt=1.0,
+    )
+    tis_level: str = opt(
+        "token",
+        "mismatch weight per 'token' or per 'sequence' (the product of a row's token ratios)",
+        choices=("token", "sequence"),
+    )
+    tis_mode: str = opt(
+        "truncate",
+        "'truncate' (TIS: min(ratio, C)) or 'mask' (MIS: tokens/rows over C leave the loss and its "
+        "normaliser)",
+        choices=("truncate", "mask"),
+    )
+    train_context: str = opt(
+        "exact",
+        "what each turn is trained under: 'exact' (the context it was sampled from, Turn.prompt_ids) or "
+        "'flat' (the concatenated full history, as flattened GRPO does under a conditioning map psi; RTPO "
+        "paper Eq. 1-2)",
+        choices=("exact", "flat"),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tis_cap is not None and self.old_logprobs != "recompute":
+            raise ConfigError(
+                f"algo.tis_cap={self.tis_cap!r}: needs algo.old_logprobs=recompute (the weight is "
+                "pi_old/pi_rollout with pi_old recomputed by the training model)"
+            )

@@ -1,0 +1,40 @@
+"""The ``rollout`` section: sampling, the agent loop and its context manager."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from horizonrl.config.fields import _Section, opt
+
+
+@dataclass(frozen=True)
+class RolloutConfig(_Section):
+    _prefix = "rollout."
+    group_size: int = opt(8, "rollouts per task (G)", ge=1, le=4096)
+    tasks_per_step: int = opt(8, "tasks sampled per training step", ge=1, le=10**5)
+    temperature: float = opt(
+        1.0, "sampling temperature (also applied to training log-probs)", gt=0.0, le=100.0
+    )
+    top_p: float = opt(1.0, "nucleus sampling threshold", gt=0.0, le=1.0)
+    max_new_tokens: int = opt(48, "tokens per generation (turn)", ge=1, le=2**20)
+    max_turns: int = opt(6, "turns per rollout before it ends as max_turns", ge=1, le=10**5)
+    context_budget: int = opt(1024, "maximum prompt + generation tokens of one context", ge=16, le=2**22)
+    overflow: str = opt(
+        "truncate",
+        "when a turn would overrun the context budget: 'truncate' shortens the generation to fit "
+        "(ending the rollout when nothing fits); 'fail' ends the rollout as failed at once",
+        choices=("truncate", "fail"),
+    )
+    max_batch_size: int = opt(128, "engine batch size for generation", ge=1, le=2**16)
+    agent: str = opt(
+        "react",
+        "agent kind: 'react' (tool loop), 'fork' (Mosaic subagent forking), 'stepwise' (one rebuilt "
+        "prompt per step, CCPO/verl-agent style); see `horizonrl agents`",
+    )
+    agent_params: dict = opt({}, "keyword parameters of the agent kind (e.g. fork limits, history length)")
+    context: str = opt(
+        "append",
+        "context manager: 'append', 'compaction' (Mosaic), 'summary' (SUPO rolling summary), 'memory' "
+        "(ECHO turn memory), 'window' / 'strip_think' / 'turn_summary' (RTPO conditioning maps)",
+    )
+    context_params: dict = opt({}, "keyword parameters of the context manager")

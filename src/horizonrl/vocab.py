@@ -1,0 +1,47 @@
+"""Closed vocabularies of config values as string enums (bottom layer: standard library only).
+
+A value that several modules spell out (the loss-aggregation modes, the overflow policies) is
+written once here as an :class:`enum.StrEnum`, so a typo is a name error instead of a silent
+mismatch. Each member *is* its string (``AggMode.TOKEN_MEAN == "token-mean"``, it formats and
+serializes to JSON as ``"token-mean"``), so configs, checkpoints and plain-string comparisons keep
+working unchanged. This module imports nothing else from the package and never torch, so the
+bottom layers (``credit``, ``trajectory``, ``agents``) may all use it.
+
+Open sets that users extend through a registry (estimators, KL estimators, environments) are not
+enums: their names live in their :class:`~horizonrl.registry.Registry`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["AggMode", "Overflow"]
+
+
+class AggMode(enum.StrEnum):
+    """How per-token losses reduce to one number (``algo.loss_agg_mode``, :mod:`horizonrl.losses.aggregate`).
+
+    ``token-mean`` averages over every token of the batch; ``seq-mean-token-mean`` averages each
+    row's token mean over rows; ``seq-mean-token-sum`` averages row sums; ``seq-mean-token-sum-norm``
+    divides the sum by rows times a constant length (Dr.GRPO); ``rollout-mean-token-mean`` averages
+    each rollout's token mean (all its rows together) over rollouts. Estimators declare the mode
+    their method is defined with (``register_estimator(..., loss_agg_mode=...)``).
+    """
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+    ROLLOUT_MEAN_TOKEN_MEAN = "rollout-mean-token-mean"
+
+
+class Overflow(enum.StrEnum):
+    """What a rollout does when its next generation would overrun the context budget (``rollout.overflow``).
+
+    ``truncate`` shortens the generation to the room left (and ends the rollout when no room is
+    left); ``fail`` ends the rollout with termination ``context``. Read by the context managers
+    (:mod:`horizonrl.agents.context`) and the step-wise agent (:mod:`horizonrl.agents.stepwise`).
+    """
+
+    TRUNCATE = "truncate"
+    FAIL = "fail"
