@@ -268,7 +268,7 @@ def test_an_error_inside_the_user_module_names_its_line(tmp_path):
 
 
 def test_unknown_env_mentions_env_imports():
-    with pytest.raises(ConfigError, match=r"env.name='nope': unknown environment 'nope'.*env.imports"):
+    with pytest.raises(ConfigError, match=r"env.name='nope': unknown environment; .*env.imports"):
         env_setup(load_config(None, ["env.name=nope"]).env)
 
 

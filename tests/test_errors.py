@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from horizonrl.cli import main
-from horizonrl.config import load_config
+from horizonrl.config import from_dict, load_config
 from horizonrl.credit import register_estimator
 from horizonrl.errors import ConfigError, DataError, HorizonWarning, NonFiniteError
 from horizonrl.jsonl import MAX_INT_DIGITS, append_jsonl, read_jsonl
@@ -115,6 +116,12 @@ def test_the_former_rtpo_section_is_read_as_trainer_params():
     with pytest.warns(HorizonWarning, match="'rtpo' is now train.trainer_params"):
         cfg = load_config(None, ["train.trainer=rtpo", "rtpo.siblings=4", "train.trainer_params.flat=true"])
     assert cfg.train.trainer_params == {"siblings": 4, "flat": True}
+    # A saved config.yaml of an earlier run lists the whole former section at its defaults: a group run
+    # loads (and resumes) with no parameters and no warning.
+    old = {"rtpo": {"trunks_per_task": 1, "siblings": 3, "flat": False, "max_rollouts": 0}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert from_dict(old).train.trainer_params == {}
 
 
 def test_a_context_param_value_is_checked_at_start(capsys, tmp_path):

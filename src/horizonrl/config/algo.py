@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from horizonrl.config.fields import _Section, opt
 from horizonrl.errors import ConfigError
+from horizonrl.vocab import AggMode
 
 
 @dataclass(frozen=True)
@@ -16,14 +17,7 @@ class AlgoConfig(_Section):
     loss_agg_mode: str | None = opt(
         None,
         "loss aggregation mode; default: the estimator's own",
-        choices=(
-            None,
-            "token-mean",
-            "seq-mean-token-mean",
-            "seq-mean-token-sum",
-            "seq-mean-token-sum-norm",
-            "rollout-mean-token-mean",
-        ),
+        choices=(None, *(m.value for m in AggMode)),
     )
     policy_loss: str = opt(
         "ppo",

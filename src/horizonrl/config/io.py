@@ -45,20 +45,24 @@ def from_dict(d: dict[str, Any] | None) -> RunConfig:
 
 def _moved_sections(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` with each section of :data:`MOVED_SECTIONS` merged into its new place (values given there
-    win), and a :class:`~horizonrl.errors.HorizonWarning` naming the move."""
-    for old, new in MOVED_SECTIONS.items():
+    win; the old section's defaults dropped), and a :class:`~horizonrl.errors.HorizonWarning` naming
+    the move when anything was carried."""
+    for old, (new, defaults) in MOVED_SECTIONS.items():
         if old not in d:
             continue
         value = d[old] or {}
         if not isinstance(value, dict):
             raise ConfigError(f"config section {old!r} must be a mapping, got {value!r}")
+        value = {k: v for k, v in value.items() if k not in defaults or v != defaults[k]}
+        d = {k: v for k, v in d.items() if k != old}
+        if not value:
+            continue
         warnings.warn(
             f"config section {old!r} is now {new} ({old}.FIELD -> {new}.FIELD); reading it from there",
             HorizonWarning,
             stacklevel=3,
         )
         section, key = new.split(".")
-        d = {k: v for k, v in d.items() if k != old}
         target = dict(d.get(section) or {})
         target[key] = {**value, **(target.get(key) or {})}
         d[section] = target

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from horizonrl.config.fields import _Section, opt
+from horizonrl.vocab import Overflow
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class RolloutConfig(_Section):
         "truncate",
         "when a turn would overrun the context budget: 'truncate' shortens the generation to fit "
         "(ending the rollout when nothing fits); 'fail' ends the rollout as failed at once",
-        choices=("truncate", "fail"),
+        choices=tuple(m.value for m in Overflow),
     )
     max_batch_size: int = opt(128, "engine batch size for generation", ge=1, le=2**16)
     agent: str = opt(

@@ -48,5 +48,22 @@ class RunConfig:
 
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}
 
-#: Sections that moved, and where to: ``from_dict`` reads them there with a warning.
-MOVED_SECTIONS = {"rtpo": "train.trainer_params"}
+#: Sections that moved: ``old -> (new place, the old section's defaults)``. ``from_dict`` reads an old
+#: section's non-default values into the new place with a warning. Defaults are dropped: a saved
+#: ``config.yaml`` of an earlier run lists every field of the section, whatever its trainer, and the
+#: trainer's own defaults are the same values.
+MOVED_SECTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rtpo": (
+        "train.trainer_params",
+        {
+            "trunks_per_task": 1,
+            "siblings": 3,
+            "off_policy": False,
+            "weight_low": 0.0,
+            "weight_high": 1.0,
+            "sync_every": 1,
+            "flat": False,
+            "max_rollouts": 0,
+        },
+    )
+}

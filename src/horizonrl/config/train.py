@@ -51,9 +51,18 @@ class TrainConfig(_Section):
     init: str | None = opt(
         None, "model directory to start from (e.g. an SFT checkpoint); overrides model.path"
     )
-    eval_every: int = opt(0, "evaluate every N steps (0 = only before and after training)", ge=0)
+    eval_every: int = opt(
+        0,
+        "evaluate every N steps (0 = only before and after training); each evaluation runs "
+        "env.test_tasks x train.eval_samples episodes",
+        ge=0,
+    )
     eval_samples: int = opt(
-        4, "samples per held-out task (pass@1 averages them; pass@k uses all)", ge=1, le=4096
+        4,
+        "samples per held-out task (pass@1 averages them; pass@k uses all): an evaluation runs "
+        "env.test_tasks x eval_samples episodes",
+        ge=1,
+        le=4096,
     )
     eval_temperature: float = opt(1.0, "sampling temperature at evaluation", gt=0.0, le=100.0)
     eval_seed: int | None = opt(
@@ -63,7 +72,11 @@ class TrainConfig(_Section):
         ge=0,
         le=MAX_SEED,
     )
-    eval_at_start: bool = opt(True, "evaluate before the first step of a fresh run")
+    eval_at_start: bool = opt(
+        True,
+        "evaluate before the first step of a fresh run (env.test_tasks x train.eval_samples episodes, "
+        "before any training step)",
+    )
     save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", ge=0, resume=True)
     keep_checkpoints: int = opt(2, "checkpoints kept on disk", ge=1, resume=True)
     save_rollouts: bool = opt(True, "write each step's rollouts to rollouts/step_N.jsonl", resume=True)
@@ -98,7 +111,12 @@ class TrainConfig(_Section):
     )
     project: str = opt("horizonrl", "project / experiment name used by wandb, mlflow and trackio")
     tensorboard: bool = opt(False, "alias: adds 'tensorboard' to train.loggers", resume=True)
-    progress: bool = opt(True, "show a progress bar", resume=True)
+    progress: bool = opt(
+        True,
+        "show progress bars on stderr: training steps, and each evaluation's tasks done and generated "
+        "tokens/s",
+        resume=True,
+    )
     max_staleness: int = opt(
         0,
         "asynchronous rollouts (group trainer): the batch of step s is sampled by the weights of step "

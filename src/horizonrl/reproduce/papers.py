@@ -38,7 +38,13 @@ RTPO_REGIME = (
     "sft.epochs=3",
 )
 
-_GROUP = ("train.trainer=group", "rollout.group_size=8", "rollout.tasks_per_step=4")
+# The base config is the RTPO trainer's: the group arms clear its trainer parameters.
+_GROUP = (
+    "train.trainer=group",
+    "train.trainer_params={}",
+    "rollout.group_size=8",
+    "rollout.tasks_per_step=4",
+)
 
 
 @register_paper("rtpo")

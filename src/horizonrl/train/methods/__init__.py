@@ -1,4 +1,4 @@
-"""Each method's training-side home, one module per method, and the plug-in list that registers them.
+"""Each method's training-side home, one module per method; imports ``trainers`` and everything below.
 
 A method's NumPy math stays in ``horizonrl.credit.<name>`` (torch-free); everything
 else it needs in training lives here: ``ccpo`` (frozen-model hidden states),

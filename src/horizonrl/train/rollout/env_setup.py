@@ -20,7 +20,6 @@ from typing import Any
 
 from horizonrl.config import ConfigError, EnvConfig
 from horizonrl.envs import Env, Task, get_env, import_env_modules
-from horizonrl.envs.registry import UnknownEnvError
 from horizonrl.envs.taskfile import TaskFileError, TaskFileSpec, load_task_file
 from horizonrl.rewards import AnswerReward, RewardConfigError, make_reward
 from horizonrl.train.rollout.env_knobs import resolve_knobs
@@ -75,11 +74,9 @@ def env_setup(cfg: EnvConfig, *, run_dir: str | Path | None = None) -> EnvSetup:
     """Build the :class:`EnvSetup` of ``cfg`` (``run_dir``: where the judge cache goes by default)."""
     try:
         import_env_modules(cfg.imports)
-        cls = get_env(cfg.name)
-    except (UserImportError, UnknownEnvError) as e:
-        raise ConfigError(
-            f"env.name={cfg.name!r}: {e}" if isinstance(e, UnknownEnvError) else str(e)
-        ) from None
+    except UserImportError as e:
+        raise ConfigError(str(e)) from None
+    cls = get_env(cfg.name, field="env.name")
     try:
         knobs = resolve_knobs(dict(cfg.knobs))
         if hasattr(cls, "validate_knobs"):

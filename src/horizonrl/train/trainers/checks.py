@@ -78,21 +78,18 @@ def check_kwargs(
 
 def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     """Every registered name the config uses exists, and its parameters fit (module docstring)."""
-    from horizonrl import credit
-    from horizonrl.agents.context import LoopLimits, get_context, list_contexts, make_context
-    from horizonrl.agents.registry import get_agent, list_agents
-    from horizonrl.inference.registry import TRAINER_SET, engine_parameters, list_engines
+    from horizonrl.agents.context import CONTEXTS, LoopLimits, make_context
+    from horizonrl.agents.registry import AGENTS
+    from horizonrl.credit.registry import ESTIMATORS
+    from horizonrl.inference.registry import ENGINES, TRAINER_SET, engine_parameters
+    from horizonrl.registry import UnknownNameError
 
     if trainer:
         from horizonrl.train.trainers.registry import trainer_params
 
         trainer_params(cfg)  # the trainer exists and its train.trainer_params fit
     a, r = cfg.algo, cfg.rollout
-    if a.estimator not in credit.list_estimators():
-        raise ConfigError(
-            f"algo.estimator={a.estimator!r}: unknown estimator; known: {credit.list_estimators()}"
-        )
-    spec = credit.get_estimator(a.estimator)
+    spec = ESTIMATORS.get(a.estimator, field="algo.estimator")
     first = next(iter(inspect.signature(spec.fn).parameters))
     check_kwargs(
         spec.fn,
@@ -101,19 +98,15 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         owner=f"estimator {a.estimator!r}",
         skip=(first, *spec.needs),
     )
-    if r.agent not in list_agents():
-        raise ConfigError(f"rollout.agent={r.agent!r}: unknown agent; known: {list_agents()}")
     check_kwargs(
-        get_agent(r.agent),
+        AGENTS.get(r.agent, field="rollout.agent"),
         dict(r.agent_params),
         field="rollout.agent_params",
         owner=f"agent {r.agent!r}",
         skip=("env", "task", "spec", "uid", "group_id"),
     )
-    if r.context not in list_contexts():
-        raise ConfigError(f"rollout.context={r.context!r}: unknown context manager; known: {list_contexts()}")
     check_kwargs(
-        get_context(r.context).__init__,
+        CONTEXTS.get(r.context, field="rollout.context").__init__,
         dict(r.context_params),
         field="rollout.context_params",
         owner=f"context manager {r.context!r}",
@@ -124,10 +117,8 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     except ValueError as e:
         raise ConfigError(f"rollout.context_params={dict(r.context_params)!r}: {e}") from None
     check_env_knobs(cfg.env.name, dict(cfg.env.knobs))
-    if cfg.inference.engine not in list_engines():
-        raise ConfigError(
-            f"inference.engine={cfg.inference.engine!r}: unknown engine; known: {list_engines()}"
-        )
+    if cfg.inference.engine not in ENGINES:  # membership only: a lazy engine's module is not imported
+        raise UnknownNameError(ENGINES.unknown(cfg.inference.engine, field="inference.engine"))
     target = engine_parameters(cfg.inference.engine)
     if target is not None:
         check_kwargs(

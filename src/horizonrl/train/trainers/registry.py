@@ -22,14 +22,14 @@ from horizonrl.errors import ConfigError
 from horizonrl.registry import Registry
 
 #: Modules whose import registers the built-in trainers (imported on first lookup: they pull in torch).
-BUILTIN_TRAINERS = (
-    "horizonrl.train.trainers.group",
-    "horizonrl.train.trainers.gateway",
-    "horizonrl.train.methods",
-)
+BUILTIN_TRAINERS = ("horizonrl.train.trainers.group", "horizonrl.train.methods")
 
 TRAINERS: Registry[Callable[..., Any]] = Registry(
-    "trainer", register_with="@register_trainer(NAME) (horizonrl.train)", plugins=BUILTIN_TRAINERS
+    "trainer",
+    register_with="@register_trainer(NAME) (horizonrl.train)",
+    plugins=BUILTIN_TRAINERS,
+    # needs the serve extra (fastapi): imported only when train.trainer=gateway is asked for
+    lazy={"gateway": "horizonrl.train.trainers.gateway"},
 )
 
 
@@ -53,8 +53,9 @@ def trainer_params(cfg) -> Any:
     if declared is None:
         if params:
             raise ConfigError(
-                f"train.trainer_params={params!r}: trainer {name!r} takes no parameters "
-                f"(trainers with parameters: {[n for n, c in TRAINERS.items() if c.params_cls]})"
+                f"train.trainer_params={params!r}: trainer {name!r} takes no parameters (clear them with "
+                f"train.trainer_params={{}}; trainers with parameters: "
+                f"{[n for n, c in TRAINERS.items() if c.params_cls]})"
             )
         return None
     known = [f.name for f in dataclasses.fields(declared)]
