@@ -56,7 +56,7 @@ from horizonrl.config import RunConfig, load_config
 from horizonrl.inference.base import SamplingParams
 from horizonrl.train.recipes import packaged_config
 from horizonrl.train.rollout.collect import collect_groups
-from horizonrl.train.warmstart.bootstrap import build_tiny, load_policy, resolve_device, write_demos
+from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device, tiny_base, write_demos
 from horizonrl.train.warmstart.sft import demo_rows, sft_train
 
 METHODS = {
@@ -92,7 +92,7 @@ def warm_start(cfg: RunConfig, out: Path, *, base: str | None, demos: int) -> Pa
     base_dir = Path(base) if base else out / "base_model"
     if not (base_dir / "config.json").exists():
         log(f"building the tiny base model in {base_dir}")
-        build_tiny(cfg.model, base_dir)
+        tiny_base(cfg.model, base_dir)
     model, tok = load_policy(cfg.model, init=str(base_dir), work_dir=out)
     records = stepwise_demos(
         cfg.env.name,

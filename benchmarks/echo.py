@@ -44,7 +44,7 @@ from horizonrl.config import load_config
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer, save_model_and_tokenizer
 from horizonrl.train.recipes import expert_program_rows, packaged_config
 from horizonrl.train.trainers.group import GroupTrainer
-from horizonrl.train.warmstart.bootstrap import build_tiny
+from horizonrl.train.warmstart.bootstrap import tiny_base
 from horizonrl.train.warmstart.sft import sft_train
 
 METHODS = (("ECHO", "echo_lookup"), ("SUPO", "supo_lookup"), ("GRPO (truncation)", "grpo_truncate_lookup"))
@@ -92,7 +92,7 @@ def warm_start(cfgs, args) -> float:
     out = Path(args.out)
     base = out / "base_model"
     if not (base / "config.json").exists():
-        build_tiny(cfgs[0].model, base)
+        tiny_base(cfgs[0].model, base)
     model, tok = load_model_and_tokenizer(base)
     renderer = ChatRenderer(tok)
     rows = []

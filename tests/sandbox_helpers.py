@@ -35,6 +35,20 @@ def sandbox_root_fixture(tmp_path, monkeypatch):
     assert leftover_cgroups() <= cgroups, "a sandbox cgroup was left behind"
 
 
+def bound_under_tmp(paths: tuple[str, ...] | None = None) -> set[str]:
+    """What a bwrap sandbox's /tmp holds besides the program's files, relative to /tmp.
+
+    The directories down to each read path below /tmp (a venv or an interpreter that lives there) and the
+    path itself; ``paths`` defaults to this interpreter's read paths.
+    """
+    out = set()
+    for p in sandbox_host.read_paths() if paths is None else paths:
+        if p.startswith("/tmp/"):
+            parts = p[len("/tmp/") :].split("/")
+            out |= {"/".join(parts[: i + 1]) for i in range(len(parts))}
+    return out
+
+
 def children(parent: int | None = None) -> set[int]:
     """Pids whose parent is ``parent`` (default: this test process)."""
     me, out = str(os.getpid() if parent is None else parent), set()

@@ -67,7 +67,7 @@ def _rigged(trainer):
 
 
 def test_two_siblings_are_refused_as_degenerate(tiny_model_dir, tmp_path):
-    with pytest.raises(ValueError, match=r"rtpo\.siblings=2 is degenerate"):
+    with pytest.raises(ValueError, match=r"train\.trainer_params\.siblings=2 is degenerate"):
         RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "train.trainer_params.siblings=2"))
 
 

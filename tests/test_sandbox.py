@@ -10,20 +10,26 @@ lacks are skipped with the reason; bwrap-only ones are skipped without bubblewra
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from horizonrl.envs import sandbox, sandbox_host
 from horizonrl.envs.sandbox import run_python
 from sandbox_helpers import (  # noqa: F401 (fixtures)
+    BWRAP_ONLY,
     backend_fixture,
+    bound_under_tmp,
     descendants,
     group_is_gone,
     running,
@@ -334,6 +340,101 @@ def test_without_a_private_tmpfs_the_fallback_checks_the_disk_periodically(monke
     assert burst.status == "disk_limit"  # found after the program exited
     inodes = hostile(INODES, "rlimit", max_files=500)
     assert inodes.status == "disk_limit" and "created" not in inodes.stdout
+
+
+# ---------------------------------------------------------------- a Python that lives under /tmp
+
+
+VENV_TRAINER = """
+import dataclasses, json, sys
+from horizonrl.envs import sandbox_host
+from horizonrl.envs.sandbox import bwrap_problem, run_python
+res = run_python(sys.argv[1], max_files=300)  # the backend that "auto" picks
+print(json.dumps({"problem": bwrap_problem(), "read_paths": sandbox_host.read_paths(), "prefix": sys.prefix,
+                  "result": dataclasses.asdict(res)}))
+"""
+VENV_PROGRAM = """
+import json, os, sys
+import horizonrl_venv_probe
+print("PYTHON", json.dumps([sys.prefix, sys.executable, horizonrl_venv_probe.VALUE]))
+print("SEEN", json.dumps([sorted(os.listdir("/tmp")), sorted(os.listdir(BASE))]))
+print("MOUNTS", json.dumps([l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == VENV]))
+attempt("read the sentinel beside the venv", lambda: open(BASE + "/secret/sentinel.txt").read())
+attempt("read the sentinel in /tmp", lambda: open(TMP_SENTINEL).read())
+attempt("create in the venv", lambda: open(VENV + "/planted.py", "w").write("x"))
+attempt("append to a module", lambda: open(MODULE, "a").write("x"))
+attempt("remove a module", lambda: os.remove(MODULE))
+attempt("mkdir in the venv", lambda: os.mkdir(VENV + "/bin/planted"))
+attempt("libc open for writing", lambda: libc.open(MODULE.encode(), 0o1001, 0o644))
+attempt("libc create", lambda: libc.open((VENV + "/planted2").encode(), 0o101, 0o644))
+attempt("unmount the venv", lambda: libc.umount2(VENV.encode(), 2))
+attempt("remount it writable", lambda: libc.mount(None, VENV.encode(), None, 32 | 4096, None))
+attempt("move the venv", lambda: os.rename(VENV, BASE + "/moved"))
+with open(SCRATCH, "w") as f:
+    f.write("scratch ok")
+print("SCRATCH", json.dumps([open("/tmp/" + SCRATCH).read(), os.getcwd(), sorted(os.listdir("/tmp"))]))
+"""
+
+
+@BWRAP_ONLY
+@pytest.mark.parametrize("layout", ["--copies", "--symlinks"])
+def test_a_venv_under_tmp_runs_under_bwrap_and_stays_contained(layout, sandbox_root):
+    """A venv below /tmp (its interpreter copied there, or linked) gets bwrap, and only read-only.
+
+    The program (audit hook disabled) imports a module of the venv, cannot read the
+    sentinels written beside the venv and directly in /tmp, cannot change the venv by
+    any route, and writes only its scratch dir; the host's venv is unchanged after.
+    """
+    base = Path(tempfile.mkdtemp(prefix="horizonrl-venv-test-", dir="/tmp"))
+    fd, tmp_sentinel = tempfile.mkstemp(prefix="horizonrl-sentinel-", dir="/tmp")
+    os.write(fd, b"TOPSECRET-TMP")
+    os.close(fd)
+    try:
+        venv = base / "venv"
+        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", layout, str(venv)],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        if made.returncode != 0:
+            pytest.skip(f"cannot make a venv here: {made.stderr.strip()[-300:]}")
+        site = next(venv.glob("lib/python*/site-packages"))
+        module = site / "horizonrl_venv_probe.py"
+        module.write_text("VALUE = 'from the venv'\n")
+        (base / "secret").mkdir()
+        (base / "secret" / "sentinel.txt").write_text("TOPSECRET-BESIDE")
+        before = {str(p): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in venv.rglob("*")}
+        scratch = f"horizonrl-scratch-{os.getpid()}.txt"
+        names = {"BASE": str(base), "VENV": str(venv), "MODULE": str(module), "TMP_SENTINEL": tmp_sentinel,
+                 "SCRATCH": scratch}  # fmt: skip
+        program = HOOK_OFF + "".join(f"{k} = {v!r}\n" for k, v in names.items()) + VENV_PROGRAM
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "HORIZONRL_SANDBOX")}
+        env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TMPDIR=str(sandbox_root))
+        proc = subprocess.run([str(venv / "bin" / "python"), "-c", VENV_TRAINER, program],
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = json.loads(proc.stdout.splitlines()[-1])
+        res = out["result"]
+        assert out["prefix"] == str(venv) and str(venv) in out["read_paths"]  # Python lives under /tmp
+        assert out["problem"] is None and res["backend"] == "bwrap", out["problem"]
+        assert res["status"] == "ok" and res["workdir"] == "/tmp", (res["stdout"], res["stderr"])
+        assert {"bwrap:namespaces", "fs:read-only-view", "fs:tmpfs"} <= set(res["protections"])
+        stdout = res["stdout"]
+        assert stdout.startswith("HOOK OFF\n") and "TOPSECRET" not in stdout, stdout
+        assert "ESCAPED" not in stdout and stdout.count("refused") == 11, stdout
+        lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in stdout.splitlines() if " [" in line}
+        assert json.loads(lines["PYTHON"]) == [str(venv), str(venv / "bin" / "python"), "from the venv"]
+        # the private /tmp holds only the paths down to the venv (and to any other read path below /tmp, as
+        # when these tests run from a venv under /tmp): not the sentinels, not the rest of the host's /tmp
+        shown = sorted(p for p in bound_under_tmp(tuple(out["read_paths"])) if "/" not in p)
+        assert base.name in shown and json.loads(lines["SEEN"]) == [shown, ["venv"]]
+        mounts = json.loads(lines["MOUNTS"])
+        assert mounts and all("ro" in opts.split(",") for opts in mounts)
+        assert json.loads(lines["SCRATCH"]) == ["scratch ok", "/tmp", sorted([*shown, scratch])]
+        after = {str(p): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in venv.rglob("*")}
+        assert after == before and module.read_text() == "VALUE = 'from the venv'\n"
+        assert sorted(p.name for p in base.iterdir()) == ["secret", "venv"]
+        assert not os.path.exists(f"/tmp/{scratch}")  # the scratch dir was the sandbox's own tmpfs
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        os.remove(tmp_sentinel)
 
 
 # ---------------------------------------------------------------- a killed trainer

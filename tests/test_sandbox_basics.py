@@ -21,7 +21,15 @@ from horizonrl.envs.sandbox import (
     run_python,
     sandbox_backend,
 )
-from sandbox_helpers import BWRAP_ONLY, backend_fixture, group_is_gone, sandbox_root_fixture  # noqa: F401
+from sandbox_helpers import (  # noqa: F401 (fixtures)
+    BWRAP_ONLY,
+    backend_fixture,
+    bound_under_tmp,
+    group_is_gone,
+    sandbox_root_fixture,
+)
+
+INSTALL_PROBLEMS = ("bwrap is not installed", "the installed bwrap lacks")
 
 # ---------------------------------------------------------------- normal runs
 
@@ -56,7 +64,9 @@ def test_writing_inside_the_working_directory_works(backend):
     )
     res = run_python(code, backend=backend)
     assert res.ok, res.observation()
-    assert res.stdout == "hi ['b.txt', 'd']\n"
+    # under bwrap, a Python that lives below /tmp shows (read-only) the directories down to it there
+    shown = {p for p in bound_under_tmp() if "/" not in p} if backend == "bwrap" else set()
+    assert res.stdout == f"hi {sorted({'b.txt', 'd'} | shown)}\n"
 
 
 def test_large_programs_arrive_whole_on_stdin(backend):
@@ -234,6 +244,19 @@ def test_backend_selection(monkeypatch):
         assert "bwrap" in problem
         with pytest.raises(RuntimeError, match="'bwrap' was requested"):
             run_python("print(1)", backend="bwrap")
+        if "/tmp" not in sandbox_host.read_paths():
+            # where Python lives (a clone or venv under /tmp too) is never the reason: bwrap itself is
+            assert problem.startswith((*INSTALL_PROBLEMS, "bwrap could not be started", "bwrap failed here"))
+
+
+def test_python_at_tmp_itself_is_the_one_location_bwrap_refuses(monkeypatch):
+    below = ("/usr", "/tmp", "/tmpfoo/lib", "/tmp/ci-runner/.venv", "/root/tmp/x")
+    assert sandbox_host.tmp_read_paths(below) == ("/tmp/ci-runner/.venv",)
+    monkeypatch.setattr(sandbox_host, "read_paths", lambda python=sys.executable: ("/usr", "/tmp"))
+    problem = bwrap_problem.__wrapped__()  # uncached: returns before any probe run
+    assert problem is not None and "bwrap" in problem
+    if not problem.startswith(INSTALL_PROBLEMS):
+        assert "all of the host's /tmp" in problem and "/tmp itself" in problem
 
 
 def test_falling_back_warns_once_naming_what_the_fallback_lacks(monkeypatch, caplog):
@@ -284,6 +307,21 @@ def test_bwrap_command_line_isolates_and_binds_only_what_python_needs():
     assert "--cap-drop" not in bwrap_argv(paths, 1 << 20, root=False)
 
 
+def test_bwrap_binds_paths_below_tmp_read_only_on_top_of_its_private_tmp():
+    venv, base = "/tmp/clone/.venv", "/tmp/python-build/prefix"
+    paths = (*sandbox_host.read_paths(), base, venv)
+    argv = bwrap_argv(paths, 8 << 20, root=False)
+    tmpfs = argv.index("--tmpfs")
+    assert argv[tmpfs + 1] == "/tmp" and argv[tmpfs - 2 : tmpfs] == ["--size", str(8 << 20)]
+    binds = {argv[i + 2]: i for i, a in enumerate(argv[:-2]) if a in ("--ro-bind", "--symlink")}  # by target
+    for p in (venv, base):  # after the tmpfs, so they sit on it; exactly these paths, read-only
+        assert binds[p] > tmpfs and argv[binds[p] : binds[p] + 3] == ["--ro-bind", p, p]
+    assert all(i < tmpfs for p, i in binds.items() if not p.startswith("/tmp/"))
+    assert not any(a == "/tmp" for i, a in enumerate(argv) if argv[i - 1] == "--ro-bind")
+    with pytest.raises(ValueError, match="/tmp itself"):
+        bwrap_argv((*paths, "/tmp"), 8 << 20, root=False)
+
+
 @BWRAP_ONLY
 def test_bwrap_view_holds_only_python_and_a_private_tmpfs():
     host_names = [*sorted(os.listdir("/")), "etc/passwd", "etc/shadow", "etc/hostname", "run", "var/run"]
@@ -301,4 +339,6 @@ def test_bwrap_view_holds_only_python_and_a_private_tmpfs():
         by_point.setdefault(point, []).append(f"{fstype} {opts}")
     assert by_point["/"][-1].startswith("tmpfs ro,") and by_point["/dev"][-1].startswith("tmpfs ro,")
     tmp = by_point["/tmp"][-1]
-    assert tmp.startswith("tmpfs rw,nosuid,nodev,noexec") and "size=8192k" in tmp and "nr_inodes=301" in tmp
+    inodes = 300 + 1 + len(bound_under_tmp())  # + the root, + mount points of a Python below /tmp
+    assert tmp.startswith("tmpfs rw,nosuid,nodev,noexec") and "size=8192k" in tmp
+    assert f"nr_inodes={inodes}," in tmp

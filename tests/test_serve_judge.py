@@ -185,7 +185,7 @@ def test_sampling_n_seed_stop_and_tool_messages(server):
             "tool_choice.function.name",
         ),
         (
-            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
             "response_format",
         ),
         ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}}, "logit_bias"),

@@ -26,16 +26,6 @@ import torch  # noqa: E402
 
 MODEL = "tiny"
 SLICE = 8
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "search the corpus",
-            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
-        },
-    }
-]
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -238,41 +228,261 @@ def test_stop_string_across_slices(client):
     pytest.fail("no seed gave a clean stop string across a slice boundary")
 
 
-def test_tool_choice_required_and_named_prefill(client, local):
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "search the corpus",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "maxLength": 12}},
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": -99, "maximum": 99},
+                    "b": {"type": "integer", "minimum": -99, "maximum": 99},
+                    "exact": {"type": "boolean"},
+                },
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ANSWER = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 10},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    },
+    "required": ["answer", "confidence"],
+    "additionalProperties": False,
+}
+
+
+def _validate(value, schema):
+    """``value`` is valid under ``schema`` (jsonschema if installed, else the subset these tests use)."""
+    try:
+        import jsonschema
+    except ImportError:
+        jsonschema = None
+    if jsonschema is not None:
+        jsonschema.validate(value, schema)
+        return
+    assert isinstance(value, dict) and set(schema["required"]) <= set(value) <= set(schema["properties"])
+    for key, v in value.items():
+        spec = schema["properties"][key]
+        kind = spec.get("type")
+        if kind == "string":
+            assert isinstance(v, str) and len(v) <= spec.get("maxLength", len(v))
+        elif kind == "integer":
+            assert isinstance(v, int) and not isinstance(v, bool) and spec["minimum"] <= v <= spec["maximum"]
+        elif kind == "boolean":
+            assert isinstance(v, bool)
+        elif kind == "array":
+            assert isinstance(v, list) and len(v) <= spec["maxItems"]
+            assert all(x in spec["items"]["enum"] for x in v)
+
+
+def _check_calls(choice, names):
+    """A forced call's choice: tool calls only, each to one of ``names`` with schema-valid arguments."""
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        _validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    return [c.function.name for c in choice.message.tool_calls]
+
+
+def test_tool_choice_required_gives_valid_calls(client, local):
+    """The issue: ``required`` used to answer ``<tool_call>`` + noise. Now every sampled token follows the
+    tool-call grammar, so the random tiny model writes schema-valid calls, over several seeds."""
     _, tok, renderer = local
-    prompt = renderer.initial_ids(HI, [t for t in TOOLS])
-    req = client.chat.completions.create(
-        model=MODEL, messages=HI, tools=TOOLS, tool_choice="required", max_tokens=10
-    )
-    (choice,) = req.choices
-    # The random model cannot finish a valid call, so the forced opening stays in the content.
-    assert (choice.message.content or "").startswith("<tool_call>") or choice.message.tool_calls
-    assert req.usage.prompt_tokens == len(prompt) + len(tok.encode("<tool_call>", add_special_tokens=False))
-    opening = '<tool_call>{"name": "search", "arguments": '
-    named = dict(
-        model=MODEL,
-        messages=HI,
-        tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "search"}},
-        max_tokens=10,
-        seed=5,
-    )
-    out = client.chat.completions.create(**named)
-    assert out.choices[0].message.content.startswith(opening)
-    assert out.usage.prompt_tokens == len(prompt) + len(tok.encode(opening, add_special_tokens=False))
-    text, calls, reasons, _, _ = _collect(client.chat.completions.create(**named, stream=True))
-    assert calls == {} or [c[0].function.name for c in calls.values()] == ["search"]
-    assert text == out.choices[0].message.content and reasons == [out.choices[0].finish_reason]
-    auto = client.chat.completions.create(model=MODEL, messages=HI, tools=TOOLS, max_tokens=10, seed=5)
-    assert not (auto.choices[0].message.content or "").startswith("<tool_call>")
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(
+    prompt = renderer.initial_ids(HI, TOOLS)
+    seen = set()
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model=MODEL, messages=HI, tools=TOOLS, tool_choice="required", max_tokens=200, seed=seed
+        )
+        seen.update(_check_calls(r.choices[0], SCHEMAS))
+        assert r.usage.prompt_tokens == len(prompt) + len(tok.encode("<tool_call>", add_special_tokens=False))
+    assert seen == set(SCHEMAS)  # "required" lets the model pick any tool
+    for seed in range(3):
+        one = client.chat.completions.create(
             model=MODEL,
             messages=HI,
             tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "nope"}},
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=200,
+            seed=seed,
+            temperature=0.7,
         )
-    assert info.value.body["param"] == "tool_choice.function.name"
+        assert len(_check_calls(one.choices[0], SCHEMAS)) == 1
+
+
+def test_named_tool_choice_calls_that_tool(client, local):
+    _, tok, renderer = local
+    opening = '<tool_call>{"name": "add", "arguments": '
+    prompt = renderer.initial_ids(HI, TOOLS)
+    named = {"type": "function", "function": {"name": "add"}}
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=HI, tools=TOOLS, tool_choice=named, max_tokens=200, seed=seed, n=2
+        )
+        for choice in r.choices:
+            assert _check_calls(choice, SCHEMAS) == ["add"]
+        assert r.usage.prompt_tokens == len(prompt) + len(tok.encode(opening, add_special_tokens=False))
+    greedy = client.chat.completions.create(
+        model=MODEL,
+        messages=HI,
+        tools=TOOLS,
+        tool_choice=named,
+        max_tokens=200,
+        temperature=0,
+        logprobs=True,
+    )
+    assert _check_calls(greedy.choices[0], SCHEMAS) == ["add"]
+    entries = greedy.choices[0].logprobs.content
+    assert entries[-1].token == "<|im_end|>" and all(e.logprob <= 0 for e in entries)
+    # Streamed: the same call, sent whole when the completion ends.
+    kw = dict(model=MODEL, messages=HI, tools=TOOLS, tool_choice=named, max_tokens=200, seed=11)
+    full = client.chat.completions.create(**kw)
+    text, calls, reasons, _, _ = _collect(client.chat.completions.create(**kw, stream=True))
+    (call,) = full.choices[0].message.tool_calls
+    assert text == "" and reasons == ["tool_calls"]
+    assert [(c[0].function.name, c[0].function.arguments) for c in calls.values()] == [
+        ("add", call.function.arguments)
+    ]
+
+
+def test_response_format_json_schema_and_json_object(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=MODEL, messages=HI, response_format=fmt, max_tokens=200, seed=seed
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+        _validate(json.loads(choice.message.content), ANSWER)
+    # With tools and tool_choice auto the message is either schema-valid JSON or valid tool calls.
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=MODEL, messages=HI, tools=TOOLS, response_format=fmt, max_tokens=200, seed=seed
+        )
+        choice = r.choices[0]
+        if choice.message.tool_calls:
+            _check_calls(choice, SCHEMAS)
+        else:
+            _validate(json.loads(choice.message.content), ANSWER)
+    # json_object: any JSON object (the random model may run out of tokens inside a long key).
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=MODEL, messages=HI, response_format={"type": "json_object"}, max_tokens=60, seed=seed
+        )
+        choice = r.choices[0]
+        assert choice.message.content.startswith("{")
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_unconstrained_output_does_not_engage_the_grammar(client, local, monkeypatch):
+    """``tool_choice: auto`` and plain requests sample exactly as before: a local scheduler over the same
+    model, with llguidance made unimportable, gives the server's seeded tokens."""
+    from horizonrl.api.routes import prepare_engine
+    from horizonrl.api.scheduler import Scheduler
+    from horizonrl.inference import HFEngine, SamplingParams
+
+    model, tok, renderer = local
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server (OMP_NUM_THREADS=1)
+    engine = HFEngine(model, tok)
+    prepare_engine(engine, renderer)
+    sched = Scheduler(engine, tok, slice_tokens=SLICE)
+    try:
+        for kw in (dict(tools=TOOLS, tool_choice="auto"), dict(tools=TOOLS), {}):
+            r = client.chat.completions.create(
+                model=MODEL, messages=HI, seed=7, max_tokens=24, logprobs=True, **kw
+            )
+            job = sched.submit(
+                [renderer.initial_ids(HI, kw.get("tools"))], SamplingParams(max_new_tokens=24), seed=7
+            )
+            assert job.wait(120) and job.error is None
+            row = job.rows[0]
+            entries = r.choices[0].logprobs.content
+            assert [e.token for e in entries] == [tok.decode([t]) for t in row.ids]
+            assert [e.logprob for e in entries] == pytest.approx(row.logprobs, abs=1e-4)
+    finally:
+        sched.close()
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            dict(
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}],
+                tool_choice="required",
+            ),
+            "tools.0.function.parameters",
+        ),
+        (
+            dict(
+                tools=[
+                    TOOLS[0],
+                    {
+                        "type": "function",
+                        "function": {"name": "g", "parameters": {"type": "object", "not": {}}},
+                    },
+                ],
+                tool_choice={"type": "function", "function": {"name": "g"}},
+            ),
+            "tools.1.function.parameters",
+        ),
+        (
+            dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+            "tool_choice.function.name",
+        ),
+        (dict(tool_choice="required"), "tool_choice"),
+        (dict(tool_choice={"type": "function", "function": {"name": "add"}}), "tool_choice"),
+        (
+            dict(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 2}},
+                }
+            ),
+            "response_format.json_schema.schema",
+        ),
+        (
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}),
+            "response_format",
+        ),
+        (dict(response_format={"type": "xml"}), "response_format"),
+    ],
+)
+def test_bad_constraints_are_400_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8, **extra)
+    body = info.value.body
+    assert info.value.status_code == 400 and body["param"] == param, body
+    assert body["message"].startswith(param + ":") and body["type"] == "invalid_request_error"
 
 
 def test_request_cap_names_the_field(client):

@@ -149,6 +149,79 @@ def test_local_server_lists_steps_and_serves_them(run_dir):
         server.server_close()
 
 
+def _one_error_line(capsys, code: int) -> str:
+    cap = capsys.readouterr()
+    assert code == 2, cap.err
+    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert "Traceback" not in cap.err and len(lines) == 1 and not cap.out, cap
+    assert lines[0].startswith("horizonrl: error: "), cap.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("serve", [False, True])
+def test_view_of_a_directory_without_a_run_is_one_error_and_writes_nothing(tmp_path, capsys, serve):
+    empty = tmp_path / "notes"
+    empty.mkdir()
+    (empty / "todo.txt").write_text("not a run\n")
+    line = _one_error_line(capsys, main(["view", str(empty), *(["--serve"] if serve else [])]))
+    assert line == (
+        f"horizonrl: error: {empty} holds no run (no metrics.jsonl, rollouts/ or config.yaml); "
+        "expected a run directory or a rollouts/*.jsonl file"
+    )
+    assert "tokenizer" not in line and [p.name for p in empty.iterdir()] == ["todo.txt"]  # no viewer.html
+    # The rollouts/ folder itself is not the run either; the message points at the run above it.
+    run = tmp_path / "run"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "rollouts" / "step_1.jsonl").write_text("")
+    line = _one_error_line(capsys, main(["view", str(run / "rollouts")]))
+    assert line.endswith(f"it holds rollouts files: view one of them, or the run directory {run.resolve()}")
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_1.jsonl"]
+    # The Python entry points refuse it the same way, before reading anything or binding a port.
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        build_html(empty)
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        ViewerServer(empty, port=0)
+
+
+def test_view_of_a_missing_path_or_a_file_without_rollouts_is_one_error(run_dir, tmp_path, capsys):
+    missing = tmp_path / "nope"
+    line = _one_error_line(capsys, main(["view", str(missing), "--out", str(tmp_path / "v.html")]))
+    assert line == (
+        f"horizonrl: error: {missing} does not exist; expected a run directory or a rollouts/*.jsonl file"
+    )
+    assert not missing.exists() and not (tmp_path / "v.html").exists()
+    notes = tmp_path / "notes.txt"
+    notes.write_text('{"uid": "looks like json"}\n')
+    line = _one_error_line(capsys, main(["view", str(notes)]))
+    assert line == (
+        f"horizonrl: error: {notes} is not a rollouts file (*.jsonl); "
+        "expected a run directory or a rollouts/*.jsonl file"
+    )
+    # A .jsonl file of other records (the run's metrics) or of no JSON at all holds no rollouts.
+    metrics = run_dir / "metrics.jsonl"
+    line = _one_error_line(capsys, main(["view", str(metrics)]))
+    assert line == (
+        f"horizonrl: error: {metrics} holds no rollouts: none of its 2 record(s) has a uid or segments; "
+        "expected a run directory or a rollouts/*.jsonl file"
+    )
+    text = tmp_path / "text.jsonl"
+    text.write_text("hello\nworld\n")
+    line = _one_error_line(capsys, main(["view", str(text)]))
+    assert line.startswith(f"horizonrl: error: {text} holds no rollouts: {text}:1: not valid JSON")
+    assert "(and 1 more bad line)" in line
+    # An empty rollouts file (a step with nothing saved yet) is still shown, as nothing.
+    empty = tmp_path / "step_9.jsonl"
+    empty.write_text("")
+    assert main(["view", str(empty)]) == 0
+    assert capsys.readouterr() == ("", "")
+    # A run directory with only its config (a fresh run still in its first evaluation) is a run.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("train: {trainer: group}\n")
+    assert main(["view", str(fresh)]) == 0
+    assert (fresh / "viewer.html").is_file()
+
+
 def _metrics_dir(path, rows):
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

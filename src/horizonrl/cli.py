@@ -150,17 +150,21 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_view(args) -> int:
+    from horizonrl.errors import DataError
+    from horizonrl.viz.data import WANTED, check_run_dir
+
     path = Path(args.path)
     if path.is_file():
         if args.serve:
             print("horizonrl: error: view --serve takes a run directory, not a file", file=sys.stderr)
             return 2
+        if path.suffix != ".jsonl":
+            raise DataError(f"{path} is not a rollouts file (*.jsonl); expected {WANTED}")
         from horizonrl.viz.text import print_rollouts
 
         print_rollouts(path, index=args.index)
         return 0
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is neither a rollouts file nor a run directory")
+    check_run_dir(path)  # a missing path, or a directory without a run: one error line, nothing written
     if args.serve:
         from horizonrl.viz.serve import serve
 

@@ -5,8 +5,10 @@
 
 - ``GET /v1/models``, ``GET /v1/models/{id}`` — the one served model;
 - ``POST /v1/chat/completions`` — the OpenAI dialect of :mod:`horizonrl.api` (messages with tool
-  calls, ``tools`` and ``tool_choice`` auto/none/required/named, ``temperature``, ``top_p``,
-  ``max_tokens``, ``stop``, ``n``, ``seed``, ``logprobs``/``top_logprobs``, ``stream``);
+  calls, ``tools`` and ``tool_choice`` auto/none/required/named, ``response_format``
+  text/json_object/json_schema (forced calls and JSON output by grammar-constrained decoding,
+  :mod:`horizonrl.inference.constrain`), ``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``n``,
+  ``seed``, ``logprobs``/``top_logprobs``, ``stream``);
 - ``GET /health`` — liveness, request counters and the queue length.
 
 Invalid requests get HTTP 400 with an OpenAI-style error whose message starts with the field and
@@ -84,6 +86,7 @@ def create_app(
         context=max_context or context_size(engine),
         default_max_tokens=default_max_tokens,
         max_request_tokens=max_request_tokens,
+        constrain=True,
     )
     app = FastAPI(title="horizonrl serve", version="1")
     app.state.stats = service.stats

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["AggMode", "Overflow"]
+__all__ = ["AggMode", "OldLogprobs", "Overflow", "TISLevel", "TISMode"]
 
 
 class AggMode(enum.StrEnum):
@@ -45,3 +45,30 @@ class Overflow(enum.StrEnum):
 
     TRUNCATE = "truncate"
     FAIL = "fail"
+
+
+class OldLogprobs(enum.StrEnum):
+    """Where PPO's ``pi_old`` comes from (``algo.old_logprobs``, :mod:`horizonrl.train.update.ppo`).
+
+    ``rollout``: the log-probs the rollout engine recorded; ``recompute``: one no-grad pass of the
+    training model over the training rows before the update (verl's choice; stale batches use it).
+    """
+
+    ROLLOUT = "rollout"
+    RECOMPUTE = "recompute"
+
+
+class TISLevel(enum.StrEnum):
+    """Granularity of the rollout correction ``pi_old / pi_rollout`` (``algo.tis_level``,
+    :mod:`horizonrl.losses.mismatch`): one ratio per ``token``, or the row's product (``sequence``)."""
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
+class TISMode(enum.StrEnum):
+    """What the rollout correction does with a ratio above the cap (``algo.tis_mode``): ``truncate``
+    it to the cap (TIS) or ``mask`` the token out (MIS)."""
+
+    TRUNCATE = "truncate"
+    MASK = "mask"

@@ -12,13 +12,21 @@
   answers with one JSON body or, with ``stream: true``, server-sent events in the OpenAI chunk format.
 
 ``tool_choice``: ``auto`` (default with tools) parses every well-formed ``<tool_call>`` block of the
-output into ``tool_calls``; ``none`` renders no tools and parses nothing; ``required`` prefills the
-assistant message with ``<tool_call>`` and a named function with ``<tool_call>{"name": "NAME",
-"arguments": `` — the model continues from there, so it must write a call (the template's own call
-format). The prefill is part of the prompt the engine sees (and of ``usage.prompt_tokens``), not of the
-sampled tokens; it is part of the text that is parsed. A call the model then fails to complete as
-valid JSON stays in ``content`` with ``finish_reason: "stop"``: the prefill is a constraint on how the
-answer starts, not a grammar.
+output into ``tool_calls``; ``none`` renders no tools and parses nothing; ``required`` and a named
+function force a call by *constrained decoding* (:mod:`horizonrl.inference.constrain`, llguidance):
+the assistant message is prefilled with ``<tool_call>`` (``required``) or ``<tool_call>{"name": "NAME",
+"arguments": `` (named), and every sampled token after it must follow the grammar of the rest of the
+call in the chat template's exact syntax, with ``arguments`` valid under the tool's JSON schema, then
+end of turn (``required`` may write several calls, one per line, unless ``parallel_tool_calls`` is
+false). The prefill is part of the prompt the engine sees (and of ``usage.prompt_tokens``), not of the
+sampled tokens; it is part of the text that is parsed. ``response_format`` ``json_object`` /
+``json_schema`` constrains the content to one JSON value (matching the schema); with tools and
+``tool_choice: auto`` the message may be tool calls instead. A completion cut by ``max_tokens`` can
+still be incomplete (``finish_reason: "length"``). Constrained rows report the log-probs of the masked
+distribution they were sampled from. Constraints need ``ChatService(constrain=True)`` (``serve``) and
+an engine with ``supports_grammar``; otherwise (the gateway, whose rollouts are trained on, or e.g. a
+scripted test engine) a forced call gets the prefill alone, which only fixes how the answer starts, and
+``response_format`` JSON is a 400.
 
 ``logprobs`` cover every sampled token in order (the end-of-turn token and the tokens of a stop string
 included; prefilled tokens excluded): ``{"token", "logprob", "bytes", "top_logprobs"}`` as in OpenAI.
@@ -47,6 +55,13 @@ from horizonrl.api.scheduler import Job, RowState, Scheduler
 from horizonrl.api.schema import BadRequest, ChatRequest, chat_messages, error_body
 from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCall, parse_tool_calls
 from horizonrl.inference.base import SamplingParams
+from horizonrl.inference.constrain import (
+    Constraint,
+    ConstraintError,
+    ConstraintUnavailable,
+    GrammarBuilder,
+    check_grammar,
+)
 from horizonrl.models.chat import ChatRenderer
 
 __all__ = ["ChatService", "Prepared", "extract_tool_calls"]
@@ -124,7 +139,13 @@ class Completion:
 
 
 class ChatService:
-    """The OpenAI chat-completions logic over a scheduler (module docstring)."""
+    """The OpenAI chat-completions logic over a scheduler (module docstring).
+
+    ``constrain``: honour forced tool calls and ``response_format`` JSON by constrained decoding
+    (``horizonrl serve``). Off by default, as in the gateway, whose recorded rollouts must keep the
+    policy's own (unmasked) log-probs for training: there a forced call is the prefill alone and
+    ``response_format`` JSON is a 400.
+    """
 
     def __init__(
         self,
@@ -136,6 +157,7 @@ class ChatService:
         default_max_tokens: int = 512,
         max_request_tokens: int = 8192,
         max_n: int = 16,
+        constrain: bool = False,
     ):
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
@@ -151,6 +173,35 @@ class ChatService:
         self.max_n = max_n
         self.engine = scheduler.engine
         self.stats = {"chat_completions": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.constrain = constrain
+        self._builder: GrammarBuilder | None = None
+
+    def constraint(
+        self, build: Callable[[GrammarBuilder], Constraint], param: str, *, prefill_only: bool = False
+    ) -> Constraint:
+        """``build(builder)`` checked: a 400 naming the field for an invalid schema, a missing llguidance
+        or an engine that cannot constrain decoding. With ``prefill_only`` an engine that cannot constrain
+        gets the constraint's prefill alone (grammar ``""``: not applied), built without llguidance."""
+        engine_can = bool(getattr(self.engine, "supports_grammar", False))
+        if not (self.constrain and engine_can):
+            if prefill_only:
+                unchecked = GrammarBuilder.from_tokenizer(self.tokenizer, self.renderer.eos_id, check=False)
+                try:
+                    return replace(build(unchecked), grammar="")
+                except ConstraintError as e:
+                    raise BadRequest(400, f"{e.param}: {e.message}", e.param) from e
+            why = f"this engine ({type(self.engine).__name__})" if self.constrain else "this server"
+            raise BadRequest(400, f"{param}: {why} does not constrain decoding", param)
+        try:
+            if self._builder is None:
+                self._builder = GrammarBuilder.from_tokenizer(self.tokenizer, self.renderer.eos_id)
+            built = build(self._builder)
+            check_grammar(built.grammar, param)
+        except ConstraintUnavailable as e:
+            raise BadRequest(400, f"{param}: {e}", param) from e
+        except ConstraintError as e:
+            raise BadRequest(400, f"{e.param}: {e.message}", e.param) from e
+        return built
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -173,13 +224,18 @@ class ChatService:
             raise BadRequest(400, "ignore_eos: this engine does not support it", "ignore_eos")
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if use_tools else None
-        prefill = ""
-        if req.tool_choice == "required":
-            prefill = TOOL_OPEN
-        elif isinstance(req.tool_choice, dict):
-            prefill = (
-                TOOL_OPEN + '{"name": ' + json.dumps(req.tool_choice["function"]["name"]) + ', "arguments": '
+        constraint = None
+        wants_json, schema = req.json_output()
+        if use_tools and (req.tool_choice == "required" or isinstance(req.tool_choice, dict)):
+            parallel = req.parallel_tool_calls is not False
+            constraint = self.constraint(
+                lambda b: b.tool_calls(tools, req.tool_choice, parallel=parallel),
+                "tool_choice",
+                prefill_only=True,
             )
+        elif wants_json:
+            constraint = self.constraint(lambda b: b.json_output(schema, tools=tools), "response_format")
+        prefill = constraint.prefill if constraint is not None else ""
         temperature = 1.0 if req.temperature is None else req.temperature
         greedy = temperature == 0
         params = SamplingParams(
@@ -190,6 +246,7 @@ class ChatService:
             greedy=greedy,
             top_logprobs=top,
             ignore_eos=bool(req.ignore_eos),
+            grammar=constraint.grammar if constraint is not None and constraint.grammar else None,
         )
         return Prepared(
             req=req,

@@ -23,6 +23,11 @@ Across slices the scheduler keeps the engine's stopping rules: a row stops at th
 string, also one that straddles two slices (found by decoding the row's ids; the row is cut after
 the token that completes it, as the engine does). Log-probs are the engine's, concatenated.
 
+A job whose ``params.grammar`` is set (constrained decoding) continues a cut row with the engine's
+``generated=`` (the row's matcher replays what it generated before); an engine that cannot resume a
+grammar (``supports_grammar_resume = False``, e.g. vLLM) runs such a job's rows to the end of their
+budget in one call instead of slicing them.
+
 :attr:`Scheduler.engine_lock` is held around every engine call; hold it to keep the engine to
 yourself (e.g. a trainer updating the weights the engine samples from).
 """
@@ -312,6 +317,9 @@ class Scheduler:
         fits = rows <= int(getattr(self.engine, "max_batch_size", rows))
         return batch[0].seed is None and fits and bool(getattr(self.engine, "supports_interrupt", False))
 
+    def _resumes_grammar(self) -> bool:
+        return bool(getattr(self.engine, "supports_grammar_resume", False))
+
     def _interrupt(self, batch: list[Job], rows: list[tuple[Job, RowState]]):
         """``interrupt(steps, live)`` for the engine: stop once another job waits (after a slice), or
         as soon as one job of the batch is complete (all its rows ended or at their budget)."""
@@ -333,16 +341,19 @@ class Scheduler:
         head = batch[0]
         budget = max(job.params.max_new_tokens - len(row.ids) for job, row in rows)
         interruptible = self._interruptible(batch, len(rows))
-        steps = budget if interruptible else min(self.slice_tokens, budget)
+        grammar = head.params.grammar is not None
+        whole = grammar and not self._resumes_grammar()  # a grammar that cannot resume is never sliced
+        steps = budget if interruptible or whole else min(self.slice_tokens, budget)
         params = replace(head.params, max_new_tokens=max(1, steps))
         prompts = [row.prompt + row.ids for _, row in rows]
+        extra = {"generated": [len(row.ids) for _, row in rows]} if grammar and not whole else {}
         now = time.monotonic()
         for job in batch:
             if job.first_slice_at is None:
                 job.first_slice_at = now
         with self.engine_lock:
             if interruptible:
-                gens = self.engine.generate(prompts, params, interrupt=self._interrupt(batch, rows))
+                gens = self.engine.generate(prompts, params, interrupt=self._interrupt(batch, rows), **extra)
             elif head.seed is not None:
                 shared = self.engine.rng_state()
                 if head.rng_state is None:
@@ -350,12 +361,12 @@ class Scheduler:
                 else:
                     self.engine.set_rng_state(head.rng_state)
                 try:
-                    gens = self.engine.generate(prompts, params)
+                    gens = self.engine.generate(prompts, params, **extra)
                 finally:
                     head.rng_state = self.engine.rng_state()
                     self.engine.set_rng_state(shared)
             else:
-                gens = self.engine.generate(prompts, params)
+                gens = self.engine.generate(prompts, params, **extra)
         self.stats["engine_calls"] += 1
         self.stats["rows_generated"] += len(rows)
         for (job, row), gen in zip(rows, gens, strict=True):

@@ -1,10 +1,11 @@
 """The request side of the OpenAI chat-completions dialect spoken by ``serve`` and ``gateway``.
 
 :class:`ChatRequest` is the accepted body of ``POST /v1/chat/completions``. Fields that would change
-the output but are not implemented (``response_format`` other than text, a non-empty
-``logit_bias``, non-zero ``presence_penalty``/``frequency_penalty``) are refused with a 400 naming
-the field rather than silently ignored; purely informational fields (``user``, ``metadata``,
-``store``, ...) are ignored.
+the output but are not implemented (a non-empty ``logit_bias``, non-zero
+``presence_penalty``/``frequency_penalty``) are refused with a 400 naming the field rather than
+silently ignored; purely informational fields (``user``, ``metadata``, ``store``, ...) are ignored.
+``response_format`` is ``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema",
+"json_schema": {"name": ..., "schema": {...}, "strict": ...}}`` (the last two constrain decoding).
 
 Every validation error becomes HTTP 400 with an OpenAI-style error body whose ``param`` is the field
 (``messages.0.role``) and whose ``message`` starts with it (:func:`install_error_handlers`).
@@ -129,9 +130,38 @@ class ChatRequest(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _response_format(cls, v: Any) -> Any:
-        if v is None or (isinstance(v, dict) and v.get("type") == "text"):
+        if v is None:
             return v
-        raise ValueError('only {"type": "text"} is supported (no JSON mode or schema-constrained output)')
+        kind = v.get("type") if isinstance(v, dict) else None
+        if kind in ("text", "json_object"):
+            return {"type": kind}
+        if kind == "json_schema":
+            spec = v.get("json_schema")
+            if not isinstance(spec, dict):
+                raise ValueError('json_schema must be an object {"name": ..., "schema": {...}}')
+            schema = spec.get("schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise ValueError(
+                    f"json_schema.schema must be a JSON schema object, got {type(schema).__name__}"
+                )
+            name = spec.get("name")
+            if name is not None and not isinstance(name, str):
+                raise ValueError("json_schema.name must be a string")
+            return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+        raise ValueError(
+            'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+            '{"name": ..., "schema": {...}}}'
+        )
+
+    def json_output(self) -> tuple[bool, dict[str, Any] | None]:
+        """``(constrained, schema)``: whether ``response_format`` asks for JSON, and the schema (None:
+        any JSON object)."""
+        rf = self.response_format
+        if not rf or rf["type"] == "text":
+            return False, None
+        if rf["type"] == "json_object":
+            return True, None
+        return True, rf["json_schema"]["schema"]
 
     @field_validator("logit_bias")
     @classmethod

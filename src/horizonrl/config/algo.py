@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from horizonrl.config.fields import _Section, opt
 from horizonrl.errors import ConfigError
-from horizonrl.vocab import AggMode
+from horizonrl.vocab import AggMode, OldLogprobs, TISLevel, TISMode
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class AlgoConfig(_Section):
         "pass of the training model over the training rows before the update, as verl does; differs "
         "from 'rollout' when rows are not the contexts the turns were sampled under, or with a second "
         "engine)",
-        choices=("rollout", "recompute"),
+        choices=tuple(m.value for m in OldLogprobs),
     )
     logprob_clip: float | None = opt(
         None,
@@ -68,13 +68,13 @@ class AlgoConfig(_Section):
     tis_level: str = opt(
         "token",
         "mismatch weight per 'token' or per 'sequence' (the product of a row's token ratios)",
-        choices=("token", "sequence"),
+        choices=tuple(m.value for m in TISLevel),
     )
     tis_mode: str = opt(
         "truncate",
         "'truncate' (TIS: min(ratio, C)) or 'mask' (MIS: tokens/rows over C leave the loss and its "
         "normaliser)",
-        choices=("truncate", "mask"),
+        choices=tuple(m.value for m in TISMode),
     )
     train_context: str = opt(
         "exact",

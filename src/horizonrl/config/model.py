@@ -46,6 +46,13 @@ class ModelConfig(_Section):
         "tokenizer as whole-word tokens, so each entity is one token",
     )
     seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus", ge=0, le=MAX_SEED)
+    tiny_pretrain: str = opt(
+        "shipped",
+        "tiny model: 'shipped' copies the base model packaged with horizonrl when the tiny_* settings and "
+        "seed above are the ones it was built with (the defaults; same weights on every machine), else "
+        "builds it; 'rebuild' always builds and pretrains it here (5-8 minutes on 2 cores)",
+        choices=("shipped", "rebuild"),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -74,8 +74,8 @@ class TrainConfig(_Section):
     )
     eval_at_start: bool = opt(
         True,
-        "evaluate before the first step of a fresh run (env.test_tasks x train.eval_samples episodes, "
-        "before any training step)",
+        "evaluate before the first step of a fresh run; like every evaluation it runs env.test_tasks x "
+        "train.eval_samples episodes",
     )
     save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", ge=0, resume=True)
     keep_checkpoints: int = opt(2, "checkpoints kept on disk", ge=1, resume=True)

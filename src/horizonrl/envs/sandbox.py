@@ -9,7 +9,9 @@ output; the program text arrives on stdin. Two backends (:func:`sandbox_backend`
   IPC, UTS, network, cgroup and mount namespaces; the program sees read-only only
   the paths Python needs (:func:`~horizonrl.envs.sandbox_host.read_paths`), a
   read-only ``/`` and ``/dev``, and its working directory ``/tmp``: a private tmpfs
-  capped at ``max_disk_mb`` and ``max_files`` that never exists on the host.
+  capped at ``max_disk_mb`` and ``max_files`` that never exists on the host. Where
+  Python lives under ``/tmp`` (a venv there), exactly those paths are bound
+  read-only into that tmpfs at their own place; nothing else of the host's ``/tmp``.
 - ``rlimit``: the fallback without bubblewrap. The same child-side layers
   (:mod:`horizonrl.envs.sandbox_child`: Landlock, seccomp, rlimits, capped tmpfs
   where a mount namespace can be made), but no mount view, no PID namespace, and a
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 BACKENDS = ("bwrap", "rlimit")
 STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit", "file_limit", "disk_limit",
             "process_limit", "blocked", "crashed", "rejected")  # fmt: skip
-_BWRAP_WORKDIR = "/tmp"
+_BWRAP_WORKDIR = host.BWRAP_WORKDIR
 PRIVATE_TMPFS = True  # mount the capped tmpfs where the child can; False exercises the periodic disk check
 _DISK_CHECK_S = 0.1  # period of the rlimit backend's disk check where no capped tmpfs could be mounted
 _LIMIT_BOUNDS = {
@@ -167,6 +169,7 @@ def _run(code: str, limits: SandboxLimits, backend: str) -> SandboxResult:
     try:
         cfg = {"workdir": workdir, "parent": None if bwrap else os.getpid(), "host_root": os.geteuid() == 0,
                "netns": not bwrap, "tmpfs": PRIVATE_TMPFS or bwrap, "read_paths": list(host.read_paths()),
+               "rebind": list(host.tmp_read_paths(host.read_paths())) if bwrap else [],
                "thread_limit": "cgroup" if cgroup else None, **dataclasses.asdict(limits)}  # fmt: skip
         child = host.BWRAP_CHILD if bwrap else host.CHILD
         argv = [sys.executable, "-s", "-P", "-B", child, json.dumps(cfg)]
@@ -269,9 +272,9 @@ def bwrap_problem() -> str | None:
                if o not in options]  # fmt: skip
     if missing:
         return f"the installed bwrap lacks {', '.join(missing)} (bubblewrap >= 0.4 is needed)"
-    under_tmp = [p for p in host.read_paths() if p == "/tmp" or p.startswith("/tmp/")]
-    if under_tmp:
-        return f"Python lives under /tmp ({under_tmp[0]}), which the sandbox replaces by its own tmpfs"
+    if _BWRAP_WORKDIR in host.read_paths():  # below it is fine: bound read-only into the private tmpfs
+        return (f"bwrap cannot show Python's files without all of the host's {_BWRAP_WORKDIR}: the "
+                f"interpreter's directory or a prefix of it is {_BWRAP_WORKDIR} itself")  # fmt: skip
     try:
         res = _run("print('ok')", SandboxLimits(timeout_s=30), "bwrap")
     except OSError as e:

@@ -9,7 +9,9 @@ bubblewrap (``bwrap``). Standard library only, imports nothing from horizonrl. I
 2. read the program from stdin, then point stdin at ``/dev/null``;
 3. private namespaces (mount, plus network/IPC/UTS for ``rlimit``; inside a new user
    namespace when not root) and a size- and inode-capped tmpfs (``nosuid,nodev,noexec``)
-   mounted on the working directory: disk bytes and files are kernel-enforced;
+   mounted on the working directory: disk bytes and files are kernel-enforced; paths
+   Python needs that bwrap bound below the working directory (a venv under ``/tmp``)
+   are bound read-only again on top of it, or the launcher exits with code 125;
 4. rlimits: CPU (soft = hard under bwrap, where the program is pid 1 and SIGXCPU
    is ignored), address space, file size, open files, core, and ``RLIMIT_NPROC``
    where it binds (a non-root uid, counted in the child's own user namespace);
@@ -41,6 +43,11 @@ _MARKER = "__horizonrl_sandbox__ "
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_THREAD = 0x10000000, 0x40000000, 0x00010000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND = 1, 32, 4096
+# Linux statvfs flag (ST_NOSUID, NODEV, NOEXEC, NOATIME, NODIRATIME, RELATIME) -> mount flag: a read-only
+# remount restates these (the kernel refuses to clear locked ones); ST_RDONLY is 1
+_KEPT_FLAGS = {2: _MS_NOSUID, 4: _MS_NODEV, 8: _MS_NOEXEC, 1024: 1024, 2048: 2048, 4096: 1 << 21}
+_SETUP_FAILED = 125  # exit code of a launcher that could not set up the sandbox it was asked for
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP = 1, 38, 22
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -87,8 +94,10 @@ def main(cfg_json: str) -> None:
     ``cfg``: ``workdir``, ``parent`` (pid that must still be our parent, or None), ``host_root``
     (the trainer runs as uid 0 of the host, which ``RLIMIT_NPROC`` never binds),
     ``netns`` (unshare the network here), ``tmpfs`` (mount the capped tmpfs),
-    ``read_paths`` (what Python needs, for Landlock), ``thread_limit`` (``cgroup``
-    when the host put us in a pids cgroup) and the :class:`SandboxLimits` fields.
+    ``read_paths`` (what Python needs, for Landlock), ``rebind`` (those of them below
+    ``workdir``, bound there read-only by bwrap, to bind again over the tmpfs),
+    ``thread_limit`` (``cgroup`` when the host put us in a pids cgroup) and the
+    :class:`SandboxLimits` fields.
     """
     cfg = json.loads(cfg_json)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -97,7 +106,7 @@ def main(cfg_json: str) -> None:
     if _ccall(libc.prctl, _PR_SET_PDEATHSIG, 9, 0, 0, 0) == 0:
         active.append("proc:pdeathsig")
     if cfg["parent"] is not None and os.getppid() != cfg["parent"]:
-        os._exit(125)  # the parent died before the signal was armed
+        os._exit(_SETUP_FAILED)  # the parent died before the signal was armed
     code = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -105,7 +114,7 @@ def main(cfg_json: str) -> None:
     workdir = cfg["workdir"]
     own_userns, ns_layers = _namespaces(libc, cfg)
     active += ns_layers
-    if cfg["tmpfs"] and _mount_tmpfs(libc, workdir, cfg["max_disk_mb"], cfg["max_files"]):
+    if cfg["tmpfs"] and _mount_tmpfs(libc, workdir, cfg["max_disk_mb"], cfg["max_files"], cfg["rebind"]):
         active.append("fs:tmpfs")
     os.chdir(workdir)
     limited, layers = _set_rlimits(cfg, own_userns)
@@ -164,13 +173,83 @@ def _map_ids(uid: int, gid: int) -> None:
                 os.close(fd)
 
 
-def _mount_tmpfs(libc, workdir: str, disk_mb: int, files: int) -> bool:
-    """Mount a tmpfs of ``disk_mb`` MB and ``files`` inodes on ``workdir`` (after making / private)."""
+def _mount_tmpfs(libc, workdir: str, disk_mb: int, files: int, rebind: list[str]) -> bool:
+    """Mount a tmpfs of ``disk_mb`` MB and ``files`` inodes on ``workdir`` (after making / private).
+
+    ``rebind``: read-only paths below ``workdir`` (bwrap's binds of a venv or an
+    interpreter under ``/tmp``) that the tmpfs covers; each is bound again, read-only,
+    at the same place on top of it (:func:`_bind_read_only`). Their mount points and
+    parent directories are inodes of the tmpfs beyond ``files``.
+    """
     if _ccall(libc.mount, None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         return False
-    opts = f"size={disk_mb << 20},nr_inodes={files + 1},mode=0700".encode()  # + the root directory
-    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    return _ccall(libc.mount, b"tmpfs", os.fsencode(workdir), b"tmpfs", flags, opts) == 0
+    held: list[tuple[str, int]] = []
+    try:
+        for path in rebind:  # a handle on each bind before the tmpfs covers it
+            try:
+                held.append((path, os.open(path, os.O_PATH | os.O_CLOEXEC)))
+            except OSError as e:
+                _setup_failed(f"{path} is not in the sandbox ({e.strerror})")
+        points = set()  # the mount points and the directories above them, up to workdir
+        for path in rebind:
+            rel = os.path.relpath(path, workdir).split(os.sep)
+            points.update(os.path.join(workdir, *rel[: i + 1]) for i in range(len(rel)))
+        opts = f"size={disk_mb << 20},nr_inodes={files + 1 + len(points)},mode=0700".encode()  # + the root
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        if _ccall(libc.mount, b"tmpfs", os.fsencode(workdir), b"tmpfs", flags, opts) != 0:
+            return False  # bwrap's own tmpfs stays, with the binds on it
+        for path, fd in held:
+            _bind_read_only(libc, fd, path)
+        return True
+    finally:
+        for _, fd in held:
+            os.close(fd)
+
+
+def _bind_read_only(libc, fd: int, path: str) -> None:
+    """Bind what ``fd`` (an ``O_PATH`` handle) is at ``path``, recursively, read-only; exit if that fails.
+
+    The mount point (and its parents) is made in the tmpfs; the bind keeps the
+    read-only flag of bwrap's ``--ro-bind`` and is remounted read-only besides. Every
+    mount at or below ``path`` must then be read-only, else the launcher exits.
+    """
+    source = f"/proc/self/fd/{fd}"
+    try:
+        if os.path.isdir(source):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+    except OSError as e:
+        _setup_failed(f"cannot make the mount point {path} ({e.strerror})")
+    target = os.fsencode(path)
+    if _ccall(libc.mount, os.fsencode(source), target, None, _MS_BIND | _MS_REC, None) != 0:
+        _setup_failed(f"cannot bind {path} read-only ({os.strerror(ctypes.get_errno())})")
+    kept = sum(m for st, m in _KEPT_FLAGS.items() if os.statvfs(path).f_flag & st)
+    _ccall(libc.mount, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept, None)
+    writable = [p for p, opts in _mounts() if (p == path or p.startswith(path + "/")) and "ro" not in opts]
+    if writable or not os.statvfs(path).f_flag & 1:  # ST_RDONLY
+        _setup_failed(f"{(writable or [path])[0]} would be writable in the sandbox")
+
+
+def _mounts() -> list[tuple[str, list[str]]]:
+    """(mount point, per-mount options) of every mount in this mount namespace."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" ")
+            point = fields[4]
+            for esc, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+                point = point.replace(esc, char)
+            out.append((point, fields[5].split(",")))
+    return out
+
+
+def _setup_failed(why: str) -> None:
+    """Say why the sandbox could not be set up (never run the program without it) and exit."""
+    sys.stderr.write(f"horizonrl sandbox setup failed: {why}\n")
+    sys.stderr.flush()
+    os._exit(_SETUP_FAILED)
 
 
 def _set_rlimits(cfg: dict, own_userns: bool) -> tuple[bool, list[str]]:

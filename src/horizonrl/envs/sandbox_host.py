@@ -7,7 +7,10 @@ Everything here runs in the trainer's process (the child side is
   interpreter prefix, its stdlib and site-packages, the child launcher). bubblewrap
   binds exactly these read-only; the ``rlimit`` backend gives them to Landlock.
 - :func:`bwrap_argv`: the bubblewrap command line (all namespaces, read-only root
-  and ``/dev``, a private ``/tmp``).
+  and ``/dev``, a private ``/tmp``). Read paths below ``/tmp`` (a venv or an
+  interpreter installed there) are bound read-only on top of that private ``/tmp``
+  (:func:`tmp_read_paths`), and bound again by the child over its capped tmpfs;
+  nothing else of the host's ``/tmp`` is shown.
 - pids cgroups (:func:`new_cgroup`): a per-run cgroup whose ``pids.max`` caps the
   run's threads and processes, where a writable cgroup v1 ``pids`` hierarchy or a
   v2 cgroup with the ``pids`` controller delegated exists (usually: root).
@@ -34,6 +37,7 @@ from functools import lru_cache
 PREFIX = "horizonrl-sandbox-"
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
 BWRAP_CHILD = "/.horizonrl/sandbox_child.py"  # where bwrap shows the launcher (wherever the package lives)
+BWRAP_WORKDIR = "/tmp"  # the program's working directory under bwrap: a private tmpfs
 _SYSTEM = (
     "/usr",
     "/bin",
@@ -65,28 +69,47 @@ def read_paths(python: str = sys.executable) -> tuple[str, ...]:
     return tuple(out)
 
 
+def tmp_read_paths(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``paths`` strictly below ``BWRAP_WORKDIR``: bound read-only over the sandbox's tmpfs."""
+    return tuple(p for p in paths if p.startswith(BWRAP_WORKDIR + "/"))
+
+
 # ---------------------------------------------------------------- bubblewrap
 
 
 def bwrap_argv(paths: tuple[str, ...], tmp_bytes: int, *, root: bool, size_option: bool = True) -> list[str]:
     """The bubblewrap prefix: every namespace unshared, ``paths`` read-only, a private ``/tmp``, cwd ``/tmp``.
 
-    ``paths`` must not lie under ``/tmp``. The launcher is shown at ``BWRAP_CHILD``.
+    ``paths`` below ``/tmp`` (:func:`tmp_read_paths`: a venv or interpreter installed
+    there) are bound after the private ``/tmp`` is mounted, so they sit read-only on
+    top of it (bwrap makes their parent directories in the tmpfs; nothing else of the
+    host's ``/tmp`` is shown); ``/tmp`` itself raises ValueError, as binding it would
+    show all of the host's ``/tmp``. The launcher is shown at ``BWRAP_CHILD``.
     The program runs as pid 1 of its PID namespace (``--as-pid-1``, so its CPU time
     reaches the parent's ``wait4``), dies with bwrap and with bwrap's parent
     (``--die-with-parent``), and keeps CAP_SYS_ADMIN *of its own user namespace* only
-    until the child launcher has mounted its capped tmpfs; root additionally drops
-    every other capability. ``/`` and ``/dev`` are remounted read-only, so the only
-    writable place is ``/tmp`` (``--size tmp_bytes`` where supported).
+    until the child launcher has mounted its capped tmpfs (and bound ``paths`` below
+    ``/tmp`` read-only again on top of it); root additionally drops every other
+    capability. ``/`` and ``/dev`` are remounted read-only, so the only writable place
+    is ``/tmp`` (``--size tmp_bytes`` where supported) outside those read-only binds.
     """
+    if BWRAP_WORKDIR in paths:
+        raise ValueError(f"{BWRAP_WORKDIR} itself cannot be bound read-only: it is the private tmpfs")
+    over_tmp = tmp_read_paths(paths)
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]
     argv += (["--cap-drop", "ALL"] if root else []) + ["--cap-add", "CAP_SYS_ADMIN"]
+
+    def show(p: str) -> list[str]:
+        return ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+
     for p in paths:
-        argv += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+        argv += [] if p in over_tmp else show(p)
     argv += ["--ro-bind", CHILD, BWRAP_CHILD]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += (["--size", str(tmp_bytes)] if size_option else []) + ["--tmpfs", "/tmp"]
-    return [*argv, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]
+    argv += (["--size", str(tmp_bytes)] if size_option else []) + ["--tmpfs", BWRAP_WORKDIR]
+    for p in over_tmp:
+        argv += show(p)
+    return [*argv, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", BWRAP_WORKDIR, "--"]
 
 
 @lru_cache(maxsize=1)

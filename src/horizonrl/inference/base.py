@@ -29,6 +29,11 @@ class SamplingParams:
     top_logprobs: int = 0
     #: Keep generating after an end-of-sequence token (benchmarks; the token stays in the output).
     ignore_eos: bool = False
+    #: Constrain every sampled token to this grammar (an llguidance Lark grammar, see
+    #: :mod:`horizonrl.inference.constrain`): a row samples only tokens the grammar allows and ends when
+    #: the grammar is complete. None (the default) leaves sampling untouched. Engines that cannot
+    #: constrain set ``supports_grammar = False``.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -39,6 +44,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"SamplingParams.top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise ValueError("SamplingParams.grammar must be a non-empty string or None")
 
 
 @dataclass
@@ -58,6 +65,11 @@ class Engine(ABC):
     supports_ignore_eos: bool = False
     #: Whether ``generate`` accepts ``interrupt=`` (see :meth:`HFEngine.generate`): serving preemption.
     supports_interrupt: bool = False
+    #: Whether ``generate`` honours ``SamplingParams.grammar``, and whether it also takes ``generated=``
+    #: (per prompt, how many of its last tokens the row already generated under the grammar: a row
+    #: continued in a later call, whose matcher replays them first).
+    supports_grammar: bool = False
+    supports_grammar_resume: bool = False
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:

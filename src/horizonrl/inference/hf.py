@@ -9,6 +9,13 @@ dropped from the batch (and its cache) once enough of them have finished.
 Log-probs are ``log_softmax(logits / temperature)`` in float32 over the full
 vocabulary (top-p only restricts which tokens can be drawn), which is what
 the trainer recomputes; greedy decoding reports temperature-1 log-probs.
+
+With ``SamplingParams.grammar`` (constrained decoding, :mod:`horizonrl.inference.constrain`) every row
+has an llguidance matcher: before each draw the logits of the tokens the grammar does not allow are set
+to ``-inf``, so a row samples from ``softmax(masked logits / temperature)`` (top-p within that) and its
+log-probs are those of this *masked* distribution, ``log_softmax`` over the allowed tokens (``top_logprobs``
+list allowed tokens only); a token forced by the grammar has log-prob 0. The matcher consumes the sampled
+token and the row ends when the grammar is complete. Without a grammar nothing of this runs.
 """
 
 from __future__ import annotations
@@ -110,6 +117,8 @@ class HFEngine(Engine):
     supports_top_logprobs = True
     supports_ignore_eos = True
     supports_interrupt = True
+    supports_grammar = True
+    supports_grammar_resume = True
 
     def __init__(
         self,
@@ -141,6 +150,7 @@ class HFEngine(Engine):
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         self._generator = torch.Generator(device=self.device)
         self.set_seed(seed)
+        self._grammar_vocab = None  # built on the first constrained call (needs llguidance)
 
     def set_seed(self, seed: int) -> None:
         """Reseed the sampling generator."""
@@ -228,6 +238,7 @@ class HFEngine(Engine):
         *,
         interrupt: Callable[[int, list[int]], bool] | None = None,
         seeds: Sequence[int] | None = None,
+        generated: Sequence[int] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prompt (log-probs as in the module docstring).
 
@@ -245,8 +256,18 @@ class HFEngine(Engine):
         With ``seeds`` (one int per prompt) token ``t`` of prompt ``i`` is drawn with
         ``request_uniforms(seeds[i], t)`` instead of the engine generator, so the result does not
         depend on the batch (:mod:`horizonrl.inference.seeding`).
+
+        With ``params.grammar`` every row samples only tokens the grammar allows and ends (``"stop"``,
+        ``meta["stop"]`` the last token) once the grammar is complete; ``generated[i]`` (default 0) is how
+        many of prompt ``i``'s last tokens the row already generated under the grammar (a continued row:
+        the matcher consumes them first). A row whose grammar allows no token ends with ``"stop"`` and
+        ``meta["grammar_error"]``.
         """
         prompts = [list(p) for p in prompts]
+        if generated is not None and len(generated) != len(prompts):
+            raise ValueError(
+                f"HFEngine.generate: {len(generated)} generated counts for {len(prompts)} prompts"
+            )
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"HFEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
         if any(not p for p in prompts):
@@ -265,7 +286,10 @@ class HFEngine(Engine):
                         lambda c, steps, local: interrupt(steps, [c[i] for i in local]), chunk
                     )
                 chunk_seeds = None if seeds is None else [int(seeds[i]) for i in chunk]
-                gens = self._generate_chunk([prompts[i] for i in chunk], params, stop_early, chunk_seeds)
+                chunk_done = None if generated is None else [int(generated[i]) for i in chunk]
+                gens = self._generate_chunk(
+                    [prompts[i] for i in chunk], params, stop_early, chunk_seeds, chunk_done
+                )
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
 
@@ -275,8 +299,10 @@ class HFEngine(Engine):
         params: SamplingParams,
         interrupt: Callable[[int, list[int]], bool] | None = None,
         seeds: list[int] | None = None,
+        generated: list[int] | None = None,
     ) -> list[Generation]:
         n = len(prompts)
+        matchers = None if params.grammar is None else self._matchers(params.grammar, prompts, generated)
         seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
         udtype = torch.float32 if self.device.type == "mps" else torch.float64
         ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
@@ -298,6 +324,9 @@ class HFEngine(Engine):
             if seed_arr is not None and not params.greedy:
                 u = torch.from_numpy(request_uniforms(seed_arr[rows], step)[:, None])
                 u = u.to(device=self.device, dtype=udtype)
+            dead = None
+            if matchers is not None:
+                logits, dead = self._constrain(logits, matchers, rows, live)
             tokens, logprobs, top = self._sample(logits, params, u)
             steps.append((rows, logprobs))
             if top is not None:
@@ -306,8 +335,18 @@ class HFEngine(Engine):
                 if not live[r]:
                     continue
                 i = rows[r]
+                if dead is not None and dead[r]:  # the grammar allows nothing: end the row, keep no token
+                    reasons[i], live[r] = "stop", False
+                    meta[i]["grammar_error"] = matchers.error(i) or "the grammar allows no token here"
+                    continue
                 out_ids[i].append(tok)
                 hit = tok if tok in eos else watchers[i].push(out_ids[i]) if watchers else None
+                if matchers is not None:
+                    if not matchers.consume(i, tok):
+                        meta[i]["grammar_error"] = matchers.error(i) or f"token {tok} rejected"
+                        hit = tok if hit is None else hit
+                    elif hit is None and matchers.stopped(i):
+                        hit = tok
                 if hit is not None:
                     reasons[i], live[r], meta[i]["stop"] = "stop", False, hit
             n_live = sum(live)
@@ -337,13 +376,40 @@ class HFEngine(Engine):
                 if len(out_lp[i]) < len(out_ids[i]):
                     out_lp[i].append(flat[k])
                     if tops:
-                        meta[i].setdefault("top_logprobs", []).append(
-                            list(zip(top_ids[k], top_lp[k], strict=True))
-                        )
+                        pairs = list(zip(top_ids[k], top_lp[k], strict=True))
+                        if matchers is not None:  # tokens the grammar forbids are not alternatives
+                            pairs = [(t, v) for t, v in pairs if v != float("-inf")]
+                        meta[i].setdefault("top_logprobs", []).append(pairs)
                 k += 1
         tok = self.tokenizer
         texts = tok.batch_decode(out_ids, skip_special_tokens=True) if tok is not None else [""] * n
         return [Generation(*fields) for fields in zip(out_ids, out_lp, texts, reasons, meta, strict=True)]
+
+    def _matchers(self, grammar: str, prompts: list[list[int]], generated: list[int] | None):
+        """One grammar matcher per row; a continued row's matcher replays its earlier tokens."""
+        from horizonrl.inference.constrain import GrammarVocab, RowMatchers
+
+        if self.tokenizer is None:
+            raise ValueError("HFEngine.generate: a grammar needs a tokenizer")
+        if self._grammar_vocab is None:
+            self._grammar_vocab = GrammarVocab(self.tokenizer)
+        matchers = RowMatchers(self._grammar_vocab, grammar, len(prompts))
+        for i, k in enumerate(generated or ()):
+            if k > 0 and not matchers.replay(i, prompts[i][-k:]):
+                raise ValueError(f"HFEngine.generate: row {i}'s earlier tokens do not fit the grammar")
+        return matchers
+
+    def _constrain(self, logits: torch.Tensor, matchers, rows: list[int], live: list[bool]):
+        """``(masked float32 logits, dead)``: each live row's disallowed tokens at ``-inf``; ``dead[r]``
+        marks a live row whose grammar allows no token (left unmasked; its draw is dropped)."""
+        todo = [r for r in range(len(rows)) if live[r]]
+        allowed = np.ones((len(rows), logits.shape[-1]), dtype=bool)
+        if todo:
+            allowed[todo] = matchers.allowed([rows[r] for r in todo], logits.shape[-1])
+        dead = ~allowed.any(-1)
+        allowed[dead] = True
+        mask = torch.from_numpy(allowed).to(logits.device)
+        return logits.float().masked_fill(~mask, float("-inf")), dead.tolist()
 
     def score(
         self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]

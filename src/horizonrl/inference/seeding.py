@@ -96,6 +96,7 @@ class SeededEngine(SeedStateMixin, EngineWrapper):
         self.seeds = RequestSeeds(seed)
         self.supports_top_logprobs = engine.supports_top_logprobs
         self.supports_ignore_eos = engine.supports_ignore_eos
+        self.supports_grammar = getattr(engine, "supports_grammar", False)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         return self.inner.generate(prompts, params, seeds=self.seeds.draw(len(prompts)))

@@ -25,6 +25,13 @@ with the semantics of the embedded :class:`~horizonrl.inference.hf.HFEngine`:
   ``torch.Generator`` (``set_seed`` / ``rng_state`` / ``set_rng_state``), so a
   run resumed from a checkpoint draws the same seeds. vLLM's CPU sampler
   (Gumbel-max, SplitMix64) and its GPU sampler draw different tokens for a seed.
+- **Constrained decoding** (``SamplingParams.grammar``, an llguidance Lark grammar) goes through
+  vLLM's structured outputs (``StructuredOutputsParams(grammar=...)``, backend ``guidance``, i.e.
+  llguidance, the library the HF engine uses) when the engine is built with
+  ``structured_outputs=True``: vLLM then loads the tokenizer (saved next to the weights) instead of
+  ``skip_tokenizer_init``, which structured outputs need. Off by default, so training engines start
+  exactly as before. The grammar cannot be resumed in a later call (``supports_grammar_resume`` is
+  False): the serving scheduler runs constrained rows whole.
 - **Prefix caching** is on (RTPO siblings and repeated contexts reuse KV blocks);
   the cache is reset after every weight sync.
 - **Weight sync in place** (:meth:`VLLMEngine.sync`): the state dict is written as
@@ -73,6 +80,7 @@ for _key, _value in {
     os.environ.setdefault(_key, _value)
 
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -244,8 +252,12 @@ class VLLMEngine(Engine):
         sleep_level: 0 (never sleep), 1 (``sleep`` offloads weights, drops the KV cache) or 2
             (drops both; the next sync re-sends the weights). Needs vLLM's sleep mode (GPU).
         enable_prefix_caching: reuse KV blocks of shared prefixes (default True).
+        structured_outputs: honour ``SamplingParams.grammar`` through vLLM's structured outputs
+            (backend ``guidance``; needs ``tokenizer``; default False).
         **llm_kwargs: passed to ``vllm.LLM``.
     """
+
+    supports_grammar_resume = False
 
     def __init__(
         self,
@@ -262,10 +274,15 @@ class VLLMEngine(Engine):
         max_model_len: int | None = None,
         sleep_level: int = 0,
         enable_prefix_caching: bool = True,
+        structured_outputs: bool = False,
         **llm_kwargs,
     ):
         from vllm.platforms import current_platform
 
+        if structured_outputs and tokenizer is None:
+            raise ValueError("VLLMEngine(structured_outputs=True) needs the tokenizer")
+        #: Whether ``generate`` honours ``SamplingParams.grammar`` (``structured_outputs=True``).
+        self.supports_grammar = bool(structured_outputs)
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if sleep_level not in (0, 1, 2):
@@ -290,6 +307,8 @@ class VLLMEngine(Engine):
             model.save_pretrained(self._dir, safe_serialization=True)
             config, model_dtype = model.config, model.dtype
             gen_config = getattr(model, "generation_config", None)
+        if structured_outputs:  # vLLM's guidance backend builds its token masks from this tokenizer
+            tokenizer.save_pretrained(self._dir)
         self.dtype = getattr(torch, _dtype_name(dtype or model_dtype or "float32"))
         eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
         eos |= as_id_set(getattr(gen_config, "eos_token_id", None))
@@ -321,6 +340,9 @@ class VLLMEngine(Engine):
             enforce_eager=self.cpu if enforce_eager is None else bool(enforce_eager),
             worker_extension_cls=WORKER_EXTENSION,
         )
+        if structured_outputs:
+            kwargs["skip_tokenizer_init"] = False
+            kwargs["structured_outputs_config"] = {"backend": "guidance"}
         if self.cpu:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes or _CPU_KV_BYTES)
         else:
@@ -385,6 +407,16 @@ class VLLMEngine(Engine):
             raise ValueError("VLLMEngine.generate: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
             raise ValueError("VLLMEngine.generate: stop strings need a tokenizer")
+        structured = None  # one StructuredOutputsParams per request: vLLM records its backend in it
+        if params.grammar is not None:
+            if not self.supports_grammar:
+                raise ValueError(
+                    "VLLMEngine.generate: SamplingParams.grammar needs an engine built with "
+                    "structured_outputs=True (inference.params.structured_outputs)"
+                )
+            from vllm.sampling_params import StructuredOutputsParams
+
+            structured = functools.partial(StructuredOutputsParams, grammar=params.grammar)
         too_long = [len(p) for p in prompts if len(p) >= self.max_model_len]
         if too_long:
             raise ValueError(
@@ -420,6 +452,7 @@ class VLLMEngine(Engine):
                 seed=s,
                 detokenize=False,
                 skip_special_tokens=False,
+                **({} if structured is None else {"structured_outputs": structured()}),
             )
             for p, s in zip(prompts, seeds, strict=True)
         ]

@@ -33,10 +33,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from horizonrl.vocab import TISLevel, TISMode
+
 __all__ = ["CORRECTION_LEVELS", "CORRECTION_MODES", "rollout_correction"]
 
-CORRECTION_LEVELS = ("token", "sequence")
-CORRECTION_MODES = ("truncate", "mask")
+CORRECTION_LEVELS = tuple(m.value for m in TISLevel)
+CORRECTION_MODES = tuple(m.value for m in TISMode)
 LOG_RATIO_BOUND = 20.0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from importlib import resources
 from pathlib import Path
@@ -225,6 +226,7 @@ def evaluate_model(
             limits=limits,
             agent=r.agent,
             spec=spec,
+            progress=t.progress,
         )
     finally:
         engine.close()
@@ -257,15 +259,15 @@ def quickstart(out_dir: str | Path = "runs/quickstart", overrides: list[str] | N
         sft=dataclasses.replace(base.sft, out_dir=str(out / "sft")),
         train=dataclasses.replace(base.train, out_dir=str(out / "grpo"), init=str(out / "sft")),
     )
-    print(
-        f"[1/3] building the tiny model and SFT on {cfg.sft.demos} noisy expert demos (noise={cfg.sft.noise})"
-    )
+    print(f"[1/3] the tiny base model and SFT on {cfg.sft.demos} noisy expert demos (noise={cfg.sft.noise})")
 
     def log(i, n, loss):
         if i == 1 or i % max(1, n // 5) == 0 or i == n:
             print(f"      sft step {i}/{n} loss {loss:.3f}", flush=True)
 
     run_sft(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init=None)), work_dir=out, log=log)
+    source = json.loads((out / "base_model" / "pretrain.json").read_text()).get("source", "built here")
+    print(f"      base model: {source}")
     t1 = time.perf_counter()
     print(f"      done in {t1 - t0:.0f}s")
     print(

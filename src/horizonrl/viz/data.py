@@ -11,7 +11,10 @@ The payloads are what the viewer's JavaScript reads (``static/viewer.js``):
   every token id used.
 
 Bad input never stops the viewer: a truncated or non-JSON line is reported
-with its line number and skipped, an unknown field is reported and ignored.
+with its line number and skipped, an unknown field is reported and ignored. What
+is not a run at all is refused with one error (:func:`check_run_dir`,
+:func:`check_rollouts_file`): a directory with none of a run's files, a file
+that is not JSONL or holds no rollout records.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class RolloutFile:
     records: list[dict[str, Any]] = field(default_factory=list)
     rollouts: list[Rollout] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: JSON objects read (rollouts or not), and those without ``uid`` and ``segments`` (not rollouts at all).
+    objects: int = 0
+    foreign: int = 0
 
 
 def read_rollout_file(path: str | Path) -> RolloutFile:
@@ -56,6 +62,8 @@ def read_rollout_file(path: str | Path) -> RolloutFile:
     path = Path(path)
     out = RolloutFile(path)
     for rec in read_jsonl(path, allow_nan=True, what="rollouts", on_bad=out.problems.append):
+        out.objects += 1
+        out.foreign += "uid" not in rec.value and "segments" not in rec.value
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnknownFieldWarning)
             try:
@@ -67,6 +75,44 @@ def read_rollout_file(path: str | Path) -> RolloutFile:
         out.records.append(rec.value)
         out.rollouts.append(r)
     return out
+
+
+#: What ``horizonrl view`` takes, for its error messages.
+WANTED = "a run directory or a rollouts/*.jsonl file"
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` if it holds a run; ``FileNotFoundError`` naming it and what was expected otherwise.
+
+    A run is a directory with ``metrics.jsonl``, ``rollouts/`` or ``config.yaml`` (the first file a
+    trainer writes, so a run still in its first evaluation can be served).
+    """
+    d = Path(run_dir)
+    if not d.exists():
+        raise FileNotFoundError(f"{d} does not exist; expected {WANTED}")
+    if not d.is_dir():
+        raise NotADirectoryError(f"{d} is not a directory; expected a run directory")
+    if not any((d / name).exists() for name in ("metrics.jsonl", "rollouts", "config.yaml")):
+        what = f"expected {WANTED}"
+        if any(STEP_FILE.match(p.name) for p in d.glob("*.jsonl")):
+            what = f"it holds rollouts files: view one of them, or the run directory {d.resolve().parent}"
+        raise FileNotFoundError(f"{d} holds no run (no metrics.jsonl, rollouts/ or config.yaml); {what}")
+    return d
+
+
+def check_rollouts_file(f: RolloutFile) -> RolloutFile:
+    """``f`` if it is a rollouts file; ``DataError`` naming it when it has lines but no rollout and no
+    record that tries to be one (``metrics.jsonl``, a demonstrations file, text). An empty file passes,
+    and so does one with a rollout record that is broken (the viewer reports its line)."""
+    if f.rollouts or f.objects > f.foreign or not (f.objects or f.problems):
+        return f
+    if f.foreign:
+        why = f"none of its {f.objects} record(s) has a uid or segments"
+    else:
+        more = len(f.problems) - 1
+        why = f.problems[0].removesuffix("; skipped")
+        why += f" (and {more} more bad line{'s' * (more > 1)})" if more else ""
+    raise DataError(f"{f.path} holds no rollouts: {why}; expected {WANTED}")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -177,9 +223,7 @@ class Run:
     tokenizer: str | Path | None = None
 
     def __post_init__(self) -> None:
-        self.run_dir = Path(self.run_dir)
-        if not self.run_dir.is_dir():
-            raise FileNotFoundError(f"run directory {self.run_dir} does not exist")
+        self.run_dir = check_run_dir(self.run_dir)
 
     @cached_property
     def config(self) -> dict[str, Any]:

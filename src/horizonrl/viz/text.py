@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from horizonrl.viz.data import read_rollout_file
+from horizonrl.viz.data import check_rollouts_file, read_rollout_file
 
 
 def print_rollouts(
@@ -14,11 +14,12 @@ def print_rollouts(
 ) -> int:
     """Print the rollouts of ``path`` (only number ``index`` when given); problems go to ``err``.
 
-    Returns the number of problems (truncated / non-JSON lines, unknown fields).
+    Returns the number of problems (truncated / non-JSON lines, unknown fields). A file that
+    holds no rollouts at all (``metrics.jsonl``, text) is a ``DataError``, before anything is printed.
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    f = read_rollout_file(path)
+    f = check_rollouts_file(read_rollout_file(path))
     for p in f.problems:
         print(f"horizonrl: warning: {p}", file=err)
     for i, r in enumerate(f.rollouts):

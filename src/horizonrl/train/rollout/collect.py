@@ -1,4 +1,9 @@
-"""Collect groups of rollouts: ``G`` episodes per task through the batched agent loop."""
+"""Collect groups of rollouts: ``G`` episodes per task through the batched agent loop.
+
+Held-out evaluation (:func:`evaluate`) can show its progress on stderr
+(:mod:`horizonrl.train.rollout.progress`): pass ``progress=True``, or run it inside
+``eval_progress(True)`` (the run loop does, with ``train.progress``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from horizonrl.agents.registry import AgentSpec, make_program
 from horizonrl.credit import flatten_rollouts
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
+from horizonrl.train.rollout.progress import EvalProgress, eval_progress_on, watched
 from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout, saved_tokens
 
 
@@ -27,11 +33,13 @@ def collect_groups(
     tag: str = "",
     agent: str = "react",
     spec: AgentSpec | None = None,
+    progress: EvalProgress | None = None,
 ) -> list[Group]:
     """Run ``group_size`` rollouts of every task; rollout uids are ``{tag}{task_index}-{k}``.
 
     ``agent`` names the agent kind (:mod:`horizonrl.agents.registry`); ``spec``
     carries its context manager and parameters (default: ``append``, no params).
+    ``progress`` is told of every generation and finished episode (:func:`watched`).
     """
     spec = spec or AgentSpec(renderer=renderer, params=params, limits=limits, make_env=make_env)
     envs, programs, groups = [], [], []
@@ -42,7 +50,8 @@ def collect_groups(
             for k in range(group_size):
                 env = make_env()
                 envs.append(env)
-                programs.append(make_program(agent, env, task, spec, uid=f"{gid}-{k}", group_id=gid))
+                program = make_program(agent, env, task, spec, uid=f"{gid}-{k}", group_id=gid)
+                programs.append(program if progress is None else watched(program, progress, i))
         rollouts = drive(engine, programs)
     finally:
         for env in envs:
@@ -112,15 +121,34 @@ def evaluate(
     agent: str = "react",
     spec: AgentSpec | None = None,
     per_task: list[int] | None = None,
+    progress: bool | None = None,
 ) -> dict[str, float]:
     """Held-out evaluation: ``samples`` rollouts per task, pass@1 and pass@samples.
 
     With ``per_task`` (a list) the number of successes of each task is appended to it,
-    in task order (paired comparisons and task bootstraps need them).
+    in task order (paired comparisons and task bootstraps need them). ``progress``: show an
+    :class:`EvalProgress` bar on stderr (None: as the enclosing :func:`eval_progress` says; off
+    outside one); the result is the same either way.
     """
-    groups = collect_groups(
-        engine, renderer, make_env, tasks, samples, params, limits, tag="eval", agent=agent, spec=spec
-    )
+    show = eval_progress_on() if progress is None else progress
+    bar = EvalProgress(len(tasks), samples) if show else None
+    try:
+        groups = collect_groups(
+            engine,
+            renderer,
+            make_env,
+            tasks,
+            samples,
+            params,
+            limits,
+            tag="eval",
+            agent=agent,
+            spec=spec,
+            progress=bar,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
     correct = [sum(r.success for r in g.rollouts) for g in groups]
     if per_task is not None:
         per_task.extend(correct)

@@ -13,7 +13,10 @@ Evaluation runs before a fresh run, whenever ``eval_due()`` or a fraction of
 ``train.eval_fractions`` is crossed, and after the last step; a checkpoint is
 written every ``train.save_every`` steps and after the last one. A step whose
 update is not finite (:class:`~horizonrl.errors.NonFiniteError`) ends the run
-naming the step, before it is logged or saved.
+naming the step, before it is logged or saved. With ``train.progress`` a bar on
+stderr counts the steps, and each evaluation run through
+:func:`~horizonrl.train.rollout.collect.evaluate` shows its own (tasks done,
+generated tokens/s; :func:`~horizonrl.train.rollout.progress.eval_progress`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ class Trainer:
         self.evals_done.extend(due)
         return bool(due)
 
+    def _evaluate(self) -> dict[str, Any]:
+        """:meth:`evaluate`, showing its progress when ``train.progress`` is on (same metrics either way)."""
+        from horizonrl.train.rollout.progress import eval_progress
+
+        with eval_progress(self.cfg.train.progress):
+            return self.evaluate()
+
     def postfix(self, m: dict[str, Any]) -> dict[str, str]:
         return {
             "reward": f"{m.get('reward/mean', 0.0):.2f}",
@@ -79,7 +89,7 @@ class Trainer:
         cfg = self.cfg.train
         records = []
         if self.step == 0 and cfg.eval_at_start:
-            records.append(self.logger.log(0, self.evaluate()))
+            records.append(self.logger.log(0, self._evaluate()))
         bar = None
         if cfg.progress:
             from tqdm import tqdm
@@ -95,7 +105,7 @@ class Trainer:
             last = not self.has_more()
             fraction = self._fraction_due()
             if last or self.eval_due() or fraction:
-                m.update(self.evaluate())
+                m.update(self._evaluate())
             records.append(self.logger.log(self.step, m))
             if bar is not None:
                 bar.update(1)

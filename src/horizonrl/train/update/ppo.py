@@ -47,6 +47,9 @@ from horizonrl.losses.mismatch import CORRECTION_LEVELS, CORRECTION_MODES
 from horizonrl.train.records.checkpoint import check_finite
 from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
 from horizonrl.trajectory import Row
+from horizonrl.vocab import OldLogprobs
+
+OLD_LOGPROBS = tuple(m.value for m in OldLogprobs)
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,8 @@ class UpdateSettings:
     tis_mode: str = "truncate"
 
     def __post_init__(self) -> None:
-        if self.old_logprobs not in ("rollout", "recompute"):
-            raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be 'rollout' or 'recompute'")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be one of {list(OLD_LOGPROBS)}")
         if self.nonfinite not in ("stop", "skip"):
             raise ValueError(f"nonfinite={self.nonfinite!r}: must be 'stop' or 'skip'")
         if self.tis_level not in CORRECTION_LEVELS or self.tis_mode not in CORRECTION_MODES:

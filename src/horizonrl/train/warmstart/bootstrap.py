@@ -189,6 +189,25 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     return model, tok
 
 
+def tiny_base(cfg: ModelConfig, target: str | Path) -> str:
+    """Put the tiny base model of ``cfg`` at ``target``: the shipped copy when ``cfg`` builds exactly it
+    (:mod:`horizonrl.models.shipped`), else :func:`build_tiny`. Returns how it got there, which
+    ``pretrain.json`` beside it also records (``"source"``)."""
+    from horizonrl.models.shipped import copy_shipped, shipped_mismatch
+
+    why = shipped_mismatch(cfg)
+    if why is None:
+        copy_shipped(target)
+        source = "shipped"
+    else:
+        build_tiny(cfg, target)
+        source = f"built here ({why})"
+    report = Path(target) / "pretrain.json"
+    data = json.loads(report.read_text()) if report.is_file() else {}
+    report.write_text(json.dumps({**data, "source": source}, indent=2) + "\n")
+    return source
+
+
 def resolve_device(name: str, field: str = "model.device") -> torch.device:
     """``auto`` (CUDA when available, else CPU) or the named device; ConfigError naming ``field``
     when it is not a device or does not exist on this machine."""
@@ -228,7 +247,7 @@ def load_policy(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):
     if cfg.path == "tiny":
         target = Path(work_dir) / "base_model"
         if not (target / "config.json").exists():
-            build_tiny(cfg, target)
+            tiny_base(cfg, target)
         return load_model_and_tokenizer(target, dtype=cfg.dtype, device=str(device))
     if cfg.path == "smollm2":
         model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
