@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -469,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _warning_printer(shown)
     try:
         return args.fn(args)
+    except BrokenPipeError:  # the reader went away (`horizonrl trainers | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:
         if not is_user_error(e):
             raise
