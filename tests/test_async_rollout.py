@@ -141,7 +141,10 @@ sys.path.insert(0, sys.argv[1])
 import shaped_env  # noqa
 import torch
 from horizonrl.config import load_config
-from horizonrl.train.trainers.registry import make_trainer
+try:
+    from horizonrl.train.trainers.registry import make_trainer
+except ModuleNotFoundError:  # the base commit's layout (train/trainers.py)
+    from horizonrl.train.trainers import make_trainer
 torch.set_num_threads(1)
 out = {}
 for name, extra in (("group", ["algo.kl_coef=0.01", "algo.mini_batches=2", "algo.micro_batch_tokens=300"]),
