@@ -50,7 +50,7 @@ class ModelConfig(_Section):
         "shipped",
         "tiny model: 'shipped' copies the base model packaged with horizonrl when the tiny_* settings and "
         "seed above are the ones it was built with (the defaults; same weights on every machine), else "
-        "builds it; 'rebuild' always builds and pretrains it here (5-8 minutes on 2 cores)",
+        "builds it; 'rebuild' always builds and pretrains it here (minutes on 2 cores)",
         choices=("shipped", "rebuild"),
     )
 
