@@ -124,6 +124,18 @@ def test_the_former_rtpo_section_is_read_as_trainer_params():
         assert from_dict(old).train.trainer_params == {}
 
 
+def test_the_former_rtpo_defaults_are_the_reverse_turn_trainers():
+    """config cannot import the trainers, so it keeps its own copy of the old section's defaults (dropped when
+    an old config is read); the copy must be the defaults the reverse-turn trainers declare."""
+    import dataclasses
+
+    from horizonrl.config.run import MOVED_SECTIONS
+    from horizonrl.train.trainers.reverse_turn import ReverseTurnParams
+
+    declared = {f.name: f.default for f in dataclasses.fields(ReverseTurnParams)}
+    assert MOVED_SECTIONS["rtpo"] == ("train.trainer_params", declared)
+
+
 def test_a_context_param_value_is_checked_at_start(capsys, tmp_path):
     code = main(
         [

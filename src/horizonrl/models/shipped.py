@@ -79,5 +79,5 @@ def copy_shipped(target: str | Path) -> Path:
     target = Path(target)
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(SHIPPED_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
+    shutil.copytree(SHIPPED_DIR, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
