@@ -172,9 +172,17 @@ def test_two_hf_replicas_match_one_local_engine(ray_session, tiny_model_dir, tmp
         replicas = list(eng.replicas)
     finally:
         b[0].close()
-    for r in replicas:  # the actors are gone
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(r.info.remote(), timeout=60)
+    # The actors are gone. ray.kill is asynchronous: a call sent right after it may still be served,
+    # so poll until the actor answers with RayActorError (it must within the deadline).
+    deadline = time.monotonic() + 60
+    for r in replicas:
+        while True:
+            try:
+                ray.get(r.info.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, "a replica still answers 60 s after close()"
+            time.sleep(0.2)
 
 
 def test_environment_workers_behave_like_local_environments(ray_session, tiny_model_dir, tmp_path):
