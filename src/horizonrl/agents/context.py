@@ -154,6 +154,9 @@ class ContextManager:
 
     def start(self, ep: Episode) -> None:
         ep.context = list(ep.renderer.initial_ids(ep.messages, tools=ep.tools))
+        if getattr(ep.renderer, "check_tokens", False):
+            ep.state["transcript"] = [dict(m) for m in ep.messages]
+            ep.rollout.env.setdefault("metrics", {})["token_mismatch"] = 0.0
 
     def prompt(self, ep: Episode) -> list[int]:
         return ep.context
@@ -186,8 +189,33 @@ class ContextManager:
         if turn.truncated and len(ep.context) + len(turn.response_ids) >= self.limits.context_budget:
             finish(ep, "context")
             return
-        ep.context = ep.context + list(turn.response_ids) + observation_ids(ep, turn, result)
+        extend_context(ep, turn, gen, result)
         yield from ()
+
+
+def extend_context(ep: Episode, turn: Turn, gen: Generation, result: StepResult) -> None:
+    """``ep.context`` + the turn's response + :func:`observation_ids`, then the family's history rule
+    (``rollout.thinking_history: drop`` on Qwen3 removes earlier think blocks as its template does, so
+    the next prompt no longer extends this one and starts a new training row) and, with
+    ``rollout.check_tokens``, the comparison with a fresh rendering of the conversation."""
+    r = ep.renderer
+    eot = len(r.end_of_turn_ids(turn.response_ids))
+    regions = ep.state.setdefault("assistant_regions", [])
+    if hasattr(r, "assistant_region"):
+        regions.append(r.assistant_region(ep.context, len(turn.response_ids) + eot))
+    ctx = ep.context + list(turn.response_ids) + observation_ids(ep, turn, result)
+    if getattr(r, "drops_history", False):
+        ctx, regions[:] = r.apply_history(ctx, regions, user_turn=result.role == "user")
+    ep.context = ctx
+    transcript = ep.state.get("transcript")
+    if transcript is not None:
+        transcript.append({"role": "assistant", "content": gen.meta.get("raw_text", gen.text)})
+        transcript.append({"role": result.role, "content": result.observation})
+        if "token_mismatch" not in ep.rollout.env:
+            miss = r.first_mismatch(ctx, transcript, ep.tools)
+            if miss is not None:
+                ep.rollout.env["token_mismatch"] = {"turn": ep.agent_turns, **miss}
+                ep.rollout.env["metrics"]["token_mismatch"] = 1.0
 
 
 C = TypeVar("C", bound=type[ContextManager])

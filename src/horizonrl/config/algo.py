@@ -41,7 +41,20 @@ class AlgoConfig(_Section):
     kl_kind: str = opt("low_var_kl", "KL estimator", choices=("low_var_kl", "k1", "k2"))
     ppo_epochs: int = opt(1, "passes over each batch of rollouts", ge=1, le=1000)
     mini_batches: int = opt(1, "optimizer steps per epoch (rows split evenly)", ge=1, le=10**5)
-    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward micro-batch", ge=64, le=2**26)
+    micro_batch_tokens: int = opt(
+        8192,
+        "padded tokens per forward/backward micro-batch (real tokens with algo.pack_rows), >= 64; 0 = "
+        "sized from train.memory_gb by the update's memory estimate (docs/scale.md)",
+        ge=0,
+        le=2**26,
+    )
+    pack_rows: bool = opt(
+        False,
+        "padding-free micro-batches: the rows of a micro-batch are concatenated into one sequence with "
+        "position ids restarting at 0 per row (a block-diagonal causal mask); the loss equals the padded "
+        "one to float rounding. With sdpa/eager attention (CPU) the masked attention spans the whole packed "
+        "sequence (quadratic in algo.micro_batch_tokens); flash-attention's varlen kernels skip it",
+    )
     old_logprobs: str = opt(
         "rollout",
         "PPO's pi_old: 'rollout' (the log-probs the rollout engine recorded) or 'recompute' (one no-grad "
@@ -86,6 +99,11 @@ class AlgoConfig(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if 0 < self.micro_batch_tokens < 64:
+            raise ConfigError(
+                f"algo.micro_batch_tokens={self.micro_batch_tokens!r}: must be >= 64, or 0 (sized from "
+                "train.memory_gb)"
+            )
         if self.tis_cap is not None and self.old_logprobs != "recompute":
             raise ConfigError(
                 f"algo.tis_cap={self.tis_cap!r}: needs algo.old_logprobs=recompute (the weight is "

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from horizonrl.config.fields import _DEVICE, MAX_SEED, _Section, opt
 from horizonrl.errors import ConfigError
+
+#: A module name (or dotted suffix) in ``model.lora_target_modules``.
+_MODULE_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,56 @@ class ModelConfig(_Section):
         choices=("shipped", "rebuild"),
     )
 
+    family: str = opt(
+        "auto",
+        "model family: its tool-call syntax, thinking convention and stop tokens (`horizonrl families` "
+        "lists them); 'auto' detects it from the chat template",
+    )
+    chat_template_kwargs: dict = opt(
+        {},
+        "keyword arguments passed to every rendering of the chat template (e.g. {enable_thinking: "
+        "false} for Qwen3)",
+    )
+
+    lora_r: int = opt(
+        0,
+        "LoRA rank (peft adapters on the policy; docs/models.md, 'LoRA'): 0 trains every weight; > 0 trains "
+        "only rank-r adapters, the frozen base serving as the KL reference and CCPO's frozen encoder, "
+        "checkpoints holding the adapters (`horizonrl export` merges them)",
+        ge=0,
+        le=512,
+    )
+    lora_alpha: float = opt(
+        16.0, "LoRA scale numerator: an adapter's update is (lora_alpha / lora_r) * B A", gt=0.0, le=1e6
+    )
+    lora_dropout: float = opt(
+        0.0,
+        "dropout on the adapters' input during the update (> 0 makes train/ratio_geomean differ from 1: "
+        "rollouts sample without it)",
+        ge=0.0,
+        le=0.9,
+    )
+    lora_target_modules: str | list = opt(
+        "all-linear",
+        "layers that get adapters: 'all-linear' (every linear layer of attention and MLP, not the output "
+        "head) or a list of module names, e.g. [q_proj, v_proj] (matched as peft does: the name or a "
+        "dotted suffix of it)",
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        targets = self.lora_target_modules
+        names = [targets] if isinstance(targets, str) else targets
+        if not names or not all(isinstance(n, str) and _MODULE_NAME.match(n) for n in names):
+            raise ConfigError(
+                f"model.lora_target_modules={targets!r}: must be 'all-linear' or a non-empty list of module "
+                "names such as [q_proj, v_proj]"
+            )
+        if self.family != "auto":
+            from horizonrl.models.families import FAMILIES
+
+            if self.family not in FAMILIES.names():
+                raise ConfigError(f"model.family={self.family!r}: {FAMILIES.unknown(self.family)}")
         if not _DEVICE.match(self.device):
             raise ConfigError(
                 f"model.device={self.device!r}: must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"

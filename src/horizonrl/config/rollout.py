@@ -39,3 +39,16 @@ class RolloutConfig(_Section):
         "(ECHO turn memory), 'window' / 'strip_think' / 'turn_summary' (RTPO conditioning maps)",
     )
     context_params: dict = opt({}, "keyword parameters of the context manager")
+    thinking_history: str = opt(
+        "keep",
+        "for families whose template drops earlier thinking (Qwen3): 'keep' the sampled thinking in later "
+        "prompts (one merged row per episode; later prompts then differ from the template's rendering), "
+        "or 'drop' it as the template does (append context only; each turn is then trained on its own "
+        "exact context)",
+        choices=("keep", "drop"),
+    )
+    check_tokens: bool = opt(
+        False,
+        "compare every kept prompt with a fresh rendering of the conversation and report the first "
+        "token where they differ (rollout/token_mismatch; costs one rendering per turn)",
+    )

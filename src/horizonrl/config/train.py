@@ -124,6 +124,37 @@ class TrainConfig(_Section):
         "0 = synchronous (every batch sampled by the weights it trains)",
         ge=0,
     )
+    precision: str = opt(
+        "fp32",
+        "compute precision of the update's forward passes (and of algo.old_logprobs=recompute): 'bf16' runs "
+        "them under torch.autocast to bfloat16 while parameters, gradients and AdamW state stay in "
+        "model.dtype (use model.dtype float32 with it: fp32 master weights; model.dtype bfloat16 keeps the "
+        "optimizer state in bf16 too); log-probs after the LM head are float32 either way",
+        choices=("fp32", "bf16"),
+    )
+    logprob_chunk_tokens: int = opt(
+        0,
+        "compute the update's per-token log-probs by projecting hidden states through the LM head this "
+        "many positions at a time (each chunk checkpointed), so the [B, T, vocab] float32 logits never "
+        "exist; e.g. 1024 (a chunk's logits take ~16 x chunk x vocab bytes); 0 = off (one full-logits "
+        "forward)",
+        ge=0,
+        le=2**20,
+    )
+    gradient_checkpointing: bool = opt(
+        False,
+        "recompute each decoder layer's activations in the backward (transformers' activation "
+        "checkpointing, non-reentrant): the update keeps one layer input per token and layer instead of "
+        "every activation, at the cost of a second forward pass of every layer",
+    )
+    memory_gb: float | None = opt(
+        None,
+        "memory budget in GiB of one update step, used by algo.micro_batch_tokens=0 to size micro-batches "
+        "(docs/scale.md gives the formula); null = 80 % of the device's memory (physical RAM on CPU, the "
+        "GPU's on CUDA), not counting other processes (a vLLM engine, environment workers)",
+        gt=0.0,
+        le=1e6,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

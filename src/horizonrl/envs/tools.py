@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from horizonrl.textparse import JSONError, cap_text, first_block, iter_blocks, load_json
+from horizonrl.tool_formats import TOOL_CLOSE, TOOL_OPEN, canonical_call
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
 _TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array"}
@@ -107,17 +107,12 @@ class ToolCallError:
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """The exact, parsable text of a call (what expert policies emit).
+    """The exact, parsable text of a call in the canonical syntax (what expert policies emit).
 
     A ``<tool_call>`` or ``</tool_call>`` inside a string is written with ``<`` as ``\\u003c`` (the
     same JSON string), so :func:`parse_tool_calls` gives back exactly ``name`` and ``arguments``.
     """
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    if "tool_call>" in body:
-        body = body.replace(TOOL_OPEN, "\\u003c" + TOOL_OPEN[1:]).replace(
-            TOOL_CLOSE, "\\u003c" + TOOL_CLOSE[1:]
-        )
-    return f"{TOOL_OPEN}{body}{TOOL_CLOSE}"
+    return canonical_call(name, arguments)
 
 
 def format_answer(answer: Any) -> str:

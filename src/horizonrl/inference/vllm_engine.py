@@ -34,6 +34,11 @@ with the semantics of the embedded :class:`~horizonrl.inference.hf.HFEngine`:
   False): the serving scheduler runs constrained rows whole.
 - **Prefix caching** is on (RTPO siblings and repeated contexts reuse KV blocks);
   the cache is reset after every weight sync.
+- **LoRA** (a policy with adapters, ``model.lora_r > 0``): vLLM loads the frozen base once
+  and the adapters through its LoRA support (``enable_lora``, ``max_lora_rank`` the smallest
+  vLLM rank >= r); every request runs with that adapter (``LoRARequest``), and a sync writes the
+  adapters only (peft's ``adapter_model.safetensors``, a few MB) and reloads them in place
+  (``load_inplace``) instead of the whole state dict.
 - **Weight sync in place** (:meth:`VLLMEngine.sync`): the state dict is written as
   one safetensors file (``/dev/shm`` when it has room) and loaded by the worker
   extension :class:`~horizonrl.inference.vllm_worker.WeightSyncExtension`
@@ -98,6 +103,7 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams  # noqa:
 from horizonrl.inference.registry import register_engine  # noqa: E402
 from horizonrl.inference.stops import as_id_set, first_stop  # noqa: E402
 from horizonrl.inference.vllm_reaper import mapped_shm, start_time  # noqa: E402
+from horizonrl.models import lora as lora_utils  # noqa: E402
 
 try:  # the registry turns an ImportError into "install horizonrl[vllm]"
     import vllm
@@ -112,6 +118,10 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "horizonrl.inference.vllm_worker.WeightSyncExtension"
 _CPU_KV_BYTES = 2**30
 _GPU_MEMORY_UTILIZATION = 0.4
+#: The ranks vLLM's ``max_lora_rank`` accepts (vLLM 0.32).
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: Name and id of the one adapter a LoRA policy's engine serves.
+_LORA_NAME, _LORA_ID = "horizonrl-policy", 1
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
@@ -303,6 +313,10 @@ class VLLMEngine(Engine):
             except OSError:
                 gen_config = None
             model_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+        elif lora_utils.is_lora(model):  # the frozen base as a plain model; the adapters come later
+            lora_utils.save_base(model, self._dir)
+            config, model_dtype = model.config, model.dtype
+            gen_config = getattr(model, "generation_config", None)
         else:
             model.save_pretrained(self._dir, safe_serialization=True)
             config, model_dtype = model.config, model.dtype
@@ -326,7 +340,22 @@ class VLLMEngine(Engine):
         self._generator = torch.Generator()
         self.set_seed(seed)
         self.syncs, self.last_sync_s = 0, 0.0
+        #: Bytes the last sync wrote (the adapters only for a LoRA policy).
+        self.last_sync_bytes = 0
         self._warned_top_p = False
+        #: The adapter directory of a LoRA policy (None: full weights); ``_lora_request`` serves it.
+        self._lora_dir: Path | None = None
+        self._lora_request = None
+        lora_kwargs = {}
+        if not isinstance(model, str | os.PathLike) and lora_utils.is_lora(model):
+            rank = int(model.peft_config[lora_utils.ADAPTER].r)
+            fits = [r for r in _VLLM_LORA_RANKS if r >= rank]
+            if not fits:
+                raise ValueError(f"model.lora_r={rank}: vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}")
+            lora_kwargs = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
+            self._lora_dir = Path(self._dir) / "adapter"  # not read as model weights: vLLM globs the top
+            self._lora_dir.mkdir()
+            model.peft_config[lora_utils.ADAPTER].save_pretrained(str(self._lora_dir))
 
         kwargs = dict(
             model=self._dir,
@@ -351,6 +380,7 @@ class VLLMEngine(Engine):
             kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization or _GPU_MEMORY_UTILIZATION)
         if sleep_level and not self.cpu:  # CPU: vLLM refuses sleep mode but accepts sleep() as a no-op
             kwargs["enable_sleep_mode"] = True
+        kwargs.update(lora_kwargs)
         kwargs.update(llm_kwargs)
         t = time.perf_counter()
         before, kids = _shm_segments(), _descendants(os.getpid())
@@ -368,6 +398,8 @@ class VLLMEngine(Engine):
         self._reaper = _start_reaper(self.pids, segments)
         #: ``close()``, garbage collection or interpreter exit stop the engine (once).
         self._finalizer = weakref.finalize(self, _shutdown, self._llm, self._dir, segments, self._reaper)
+        if self._lora_dir is not None:  # the adapters the engine starts with
+            self._load_adapter(self.state_dict(), count=False)
 
     # ------------------------------------------------------------------ RNG
 
@@ -456,7 +488,12 @@ class VLLMEngine(Engine):
             )
             for p, s in zip(prompts, seeds, strict=True)
         ]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            sps,
+            use_tqdm=False,
+            lora_request=self._lora_request,
+        )
         gens = []
         for out in outs:
             c = out.outputs[0]
@@ -503,7 +540,10 @@ class VLLMEngine(Engine):
         self._wake()
         sp = VSP(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ctxs[i] + conts[i]) for i in todo], sp, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=ctxs[i] + conts[i]) for i in todo],
+            sp,
+            use_tqdm=False,
+            lora_request=self._lora_request,
         )
         for i, out in zip(todo, outs, strict=True):
             full, pl = ctxs[i] + conts[i], out.prompt_logprobs
@@ -537,7 +577,46 @@ class VLLMEngine(Engine):
             self._weights = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
 
     def _load(self, state_dict: Mapping) -> None:
+        if self._lora_dir is not None:
+            self._load_adapter(state_dict)
+            return
         t = time.perf_counter()
+        self._write_weights(state_dict)
+        self.llm.reset_prefix_cache()
+        self.syncs += 1
+        self.last_sync_s = time.perf_counter() - t
+
+    def _load_adapter(self, state_dict: Mapping, *, count: bool = True) -> None:
+        """A LoRA policy's weights (``state_dict`` with its adapter names): the adapters written in
+        peft's format and reloaded in place; the base too when a level-2 sleep discarded it."""
+        from vllm.lora.request import LoRARequest
+
+        t = time.perf_counter()
+        llm = self.llm
+        if self._asleep == 2:
+            self._write_weights(lora_utils.plain_state_dict(state_dict))
+        elif self._asleep:
+            llm.wake_up()
+            self._asleep = 0
+        tensors = {
+            k: (v.detach().to(self.dtype) if v.is_floating_point() else v.detach()).contiguous().cpu()
+            for k, v in lora_utils.adapter_tensors(state_dict).items()
+        }
+        if not tensors:
+            raise ValueError("VLLMEngine.sync: the state dict holds no LoRA adapter weights")
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(self._lora_dir / lora_utils.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        request = LoRARequest(_LORA_NAME, _LORA_ID, str(self._lora_dir), load_inplace=True)
+        llm.llm_engine.add_lora(request)  # reads the files now: the next sync may overwrite them
+        self._lora_request = LoRARequest(_LORA_NAME, _LORA_ID, str(self._lora_dir))
+        llm.reset_prefix_cache()
+        self.syncs += int(count)
+        self.last_sync_bytes = sum(v.numel() * v.element_size() for v in tensors.values())
+        self.last_sync_s = time.perf_counter() - t
+
+    def _write_weights(self, state_dict: Mapping) -> None:
+        """Send full weights (HF names) to vLLM through one safetensors file, waking a sleeping engine."""
         llm = self.llm
         nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
         fd, path = tempfile.mkstemp(
@@ -545,7 +624,7 @@ class VLLMEngine(Engine):
         )
         os.close(fd)
         try:
-            write_weights(state_dict, path, self.dtype)
+            self.last_sync_bytes = write_weights(state_dict, path, self.dtype)
             if self._asleep:
                 llm.wake_up(tags=["weights"])
             llm.collective_rpc("horizonrl_reload_weights", args=(path,))
@@ -554,9 +633,6 @@ class VLLMEngine(Engine):
         if self._asleep:
             llm.wake_up(tags=["kv_cache"])
             self._asleep = 0
-        llm.reset_prefix_cache()
-        self.syncs += 1
-        self.last_sync_s = time.perf_counter() - t
 
     def state_dict(self) -> Mapping[str, torch.Tensor]:
         """The weights the engine samples from (the source's at the last sync, or the kept copy)."""

@@ -11,8 +11,15 @@ keep the rollout/train log-prob ratio at exactly 1.
 The continuation is found with the *delta trick*: render a fixed short
 conversation ending in an assistant turn, render it again with the new messages
 and a generation prompt, and tokenize the text after the assistant's end-of-turn
-token on its own. This works for any chat template whose rendering of earlier
-turns does not depend on later ones (ChatML, Qwen2.5, SmolLM2, ...).
+token on its own. Only the messages *before* that assistant turn must render the same
+whatever follows; the assistant turn itself may be rewritten by later messages (Qwen3 drops
+its think block once it is no longer the last turn) — what a family's template does to
+earlier assistant turns is the family's history rule (:mod:`horizonrl.models.families`,
+``rollout.thinking_history``), applied to the kept token ids, never a re-rendering.
+
+The renderer belongs to a model family (``family``: a name or ``auto``, detected from the
+template) and passes ``template_kwargs`` (e.g. Qwen3's ``enable_thinking``) to every rendering.
+Structured assistant tool calls are written in the family's tool syntax.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from horizonrl.models.tokenizer import assistant_text, tools_system_text
+from horizonrl.models.families import Family, detect_family, drop_thinking, get_family
+from horizonrl.models.tokenizer import tools_system_text
+from horizonrl.tool_formats import ToolFormat, get_tool_format
 
 Message = Mapping[str, Any]
 
@@ -47,17 +56,53 @@ class ChatRenderer:
     follows an assistant message in the template. Generation should stop on it.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        family: str | Family = "auto",
+        template_kwargs: Mapping[str, Any] | None = None,
+        thinking_history: str = "keep",
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("ChatRenderer needs a tokenizer with a chat_template")
+        if thinking_history not in ("keep", "drop"):
+            raise ValueError(f"thinking_history={thinking_history!r}: must be 'keep' or 'drop'")
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+        if isinstance(family, Family):
+            self.family = family
+        else:
+            self.family = detect_family(template) if family == "auto" else get_family(family)
+        self.tool_format: ToolFormat = get_tool_format(self.family.tool_format)
+        self.thinking_history = thinking_history
+        #: Compare kept prompts with fresh renderings (``rollout.check_tokens``; agents/context.py).
+        self.check_tokens = False
         self._supports_tools: bool | None = None
         self._base_text = self._render(list(_BASE), add_generation_prompt=False)
         self.end_of_turn_text = self._find_end_of_turn()
         self.eos_id: int = tokenizer.convert_tokens_to_ids(self.end_of_turn_text)
-        self._after_eos = self._base_text.index(_PLACEHOLDER + self.end_of_turn_text) + len(
-            _PLACEHOLDER + self.end_of_turn_text
+        #: The text before the first assistant turn of the probe conversation (must never change).
+        self._before_assistant = self._render(list(_BASE[:2]), add_generation_prompt=False)
+        if not self._base_text.startswith(self._before_assistant):
+            raise ValueError("chat template renders the user turn differently once an assistant turn follows")
+        gen_text = self._render(list(_BASE[:2]), add_generation_prompt=True)[len(self._before_assistant) :]
+        think = self.family.think
+        #: Ids the generation prompt puts after the assistant header (Qwen3's empty think block when
+        #: ``enable_thinking=False``); part of an assistant turn for the history rule.
+        self.prefill_ids: list[int] = (
+            self._encode(gen_text[gen_text.index(think[0]) :]) if think and think[0] in gen_text else []
         )
+        vocab = tokenizer.get_vocab()
+        #: Ids that end a generation: the end-of-turn token and the family's other stop tokens.
+        self.stop_ids: frozenset[int] = frozenset(
+            {self.eos_id, *(vocab[t] for t in self.family.stop_tokens if t in vocab)}
+        )
+        self.think_ids: tuple[int, int] | None = None
+        if think and all(t in vocab for t in think):
+            self.think_ids = (vocab[think[0]], vocab[think[1]])
+        self._newline_ids = frozenset(ids[0] for k in range(1, 9) if len(ids := self._encode("\n" * k)) == 1)
 
     # -- rendering -----------------------------------------------------------------------------------------
 
@@ -67,6 +112,7 @@ class ChatRenderer:
             tools=tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:
@@ -105,7 +151,7 @@ class ChatRenderer:
         ``tools=``.
         """
         msgs = [
-            {"role": "assistant", "content": assistant_text(m)} if m["role"] == "assistant" else dict(m)
+            {"role": "assistant", "content": self.assistant_text(m)} if m["role"] == "assistant" else dict(m)
             for m in messages
         ]
         if not tools or self.supports_tools:
@@ -138,9 +184,14 @@ class ChatRenderer:
         if any(m["role"] == "assistant" for m in messages):
             raise ValueError("continuation messages must not contain assistant turns")
         full = self._render([*_BASE, *messages], add_generation_prompt=True)
-        if full[: self._after_eos] != self._base_text[: self._after_eos]:
-            raise ValueError("chat template re-renders earlier turns; incremental prompts are impossible")
-        return full[self._after_eos :]
+        head = len(self._before_assistant)
+        end = _PLACEHOLDER + self.end_of_turn_text
+        if full[:head] != self._before_assistant or end not in full[head:]:
+            raise ValueError(
+                "chat template re-renders earlier turns; incremental prompts are impossible "
+                f"(first differing character {_first_difference(full, self._base_text)})"
+            )
+        return full[full.index(end, head) + len(end) :]
 
     def continuation_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids to append after a response ending in ``eos_id``: ``messages`` (tool/user) and the next
@@ -153,7 +204,76 @@ class ChatRenderer:
 
     def response_ids(self, message: Message) -> list[int]:
         """Ids of one assistant message as the policy would emit it: its text + ``eos_id``."""
-        return [*self._encode(assistant_text(message)), self.eos_id]
+        return [*self._encode(self.assistant_text(message)), self.eos_id]
+
+    def assistant_text(self, message: Message) -> str:
+        """An assistant message's text as the family's model writes it: content, then its ``tool_calls``
+        in the family's syntax (OpenAI ``{"function": {...}}`` or flat ``{"name", "arguments"}``)."""
+        calls = []
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function", call)
+            calls.append(self.tool_format.format_call(str(fn["name"]), fn.get("arguments", {})))
+        return self.tool_format.join(message.get("content") or "", calls)
+
+    def canonical_text(self, text: str) -> str:
+        """A generation's text with its tool calls in the canonical form the environments parse."""
+        return self.tool_format.to_canonical(text)
+
+    # -- the family's history rule ---------------------------------------------------------------------------
+
+    def assistant_region(self, prompt: Sequence[int], n_response: int) -> tuple[int, int]:
+        """Where an assistant turn's text lies in ``prompt + response + end-of-turn``: from the end of its
+        header (before any :attr:`prefill_ids`) to after its end-of-turn token."""
+        k = len(self.prefill_ids)
+        start = len(prompt) - k if k and list(prompt[-k:]) == self.prefill_ids else len(prompt)
+        return start, len(prompt) + n_response
+
+    @property
+    def drops_history(self) -> bool:
+        """Whether later prompts drop earlier thinking (``thinking_history: drop`` on such a family)."""
+        return self.thinking_history == "drop" and self.family.drops_thinking and self.think_ids is not None
+
+    def apply_history(
+        self, ids: Sequence[int], regions: Sequence[tuple[int, int]], *, user_turn: bool
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """``ids`` as the family's template shows them once a new message follows the last of ``regions``.
+
+        Qwen3's rule (:func:`~horizonrl.models.families.drop_thinking`): after a user message every
+        earlier turn loses its think block; after tool messages only, the turn just finished loses an
+        *empty* think block. Without :attr:`drops_history` nothing changes.
+        """
+        if not self.drops_history or not regions:
+            return list(ids), list(regions)
+        last = len(regions) - 1
+        which = [user_turn or (k == last and self._empty_think(ids, regions[k])) for k in range(len(regions))]
+        return drop_thinking(
+            ids, regions, which=which, think_ids=self.think_ids, newline_ids=self._newline_ids
+        )
+
+    def _empty_think(self, ids: Sequence[int], region: tuple[int, int]) -> bool:
+        span = list(ids[region[0] : region[1]])
+        try:
+            a = span.index(self.think_ids[0])
+            b = span.index(self.think_ids[1], a + 1)
+        except ValueError:
+            return False
+        return all(t in self._newline_ids for t in span[a + 1 : b])
+
+    def first_mismatch(self, ids: Sequence[int], messages: Sequence[Message], tools=None) -> dict | None:
+        """Where ``ids`` (a kept, incremental context ending in a generation prompt) differ from a fresh
+        rendering of ``messages``: ``{"position", "kept", "rendered"}`` (token strings), or None."""
+        fresh = self.initial_ids(messages, tools)
+        if list(ids) == fresh:
+            return None
+        k = next(
+            (i for i, (a, b) in enumerate(zip(ids, fresh, strict=False)) if a != b), min(len(ids), len(fresh))
+        )
+        show = self.tokenizer.convert_ids_to_tokens
+        return {
+            "position": k,
+            "kept": show(list(ids[k : k + 4])),
+            "rendered": show(list(fresh[k : k + 4])),
+        }
 
     def sft_example(self, messages: Sequence[Message], tools=None) -> tuple[list[int], list[int]]:
         """``(input_ids, labels_mask)`` of a conversation, tokenized exactly as an RL rollout would be.
@@ -185,4 +305,25 @@ class ChatRenderer:
         return ids, mask
 
     def __repr__(self) -> str:
-        return f"ChatRenderer(eos={json.dumps(self.end_of_turn_text)}, supports_tools={self.supports_tools})"
+        return (
+            f"ChatRenderer(family={self.family.name}, eos={json.dumps(self.end_of_turn_text)}, "
+            f"supports_tools={self.supports_tools})"
+        )
+
+
+def _first_difference(a: str, b: str) -> str:
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return f"{k}: {a[k : k + 20]!r} vs {b[k : k + 20]!r}"
+
+
+def renderer_for(tokenizer: PreTrainedTokenizerBase, cfg: Any) -> ChatRenderer:
+    """The renderer of a run (a :class:`~horizonrl.config.RunConfig`): ``model.family``,
+    ``model.chat_template_kwargs`` and ``rollout.thinking_history``."""
+    renderer = ChatRenderer(
+        tokenizer,
+        family=cfg.model.family,
+        template_kwargs=cfg.model.chat_template_kwargs,
+        thinking_history=cfg.rollout.thinking_history,
+    )
+    renderer.check_tokens = cfg.rollout.check_tokens
+    return renderer

@@ -51,6 +51,33 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def state_mismatch(
+    own: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    *,
+    optional: tuple[str, ...] = (),
+) -> str:
+    """What keeps ``state`` from loading exactly into a model whose state dict is ``own``:
+    shape mismatches, missing and unexpected names (a few of each), or ``""`` when it fits.
+    Names ending in one of ``optional`` may be missing (tied embeddings are saved once)."""
+    wrong = [
+        f"{k} {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and tuple(own[k].shape) != tuple(v.shape)
+    ]
+    missing = [k for k in own if k not in state and not any(k.endswith(o) for o in optional)]
+    unexpected = [k for k in state if k not in own]
+    return "; ".join(
+        part
+        for part in (
+            f"shape mismatch: {', '.join(wrong[:3])}" if wrong else "",
+            f"missing: {missing[:5]}" if missing else "",
+            f"unexpected: {unexpected[:5]}" if unexpected else "",
+        )
+        if part
+    )
+
+
 def is_model_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a config, weights and a tokenizer; see :func:`load_model_and_tokenizer`."""
     p = Path(path)

@@ -23,6 +23,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from horizonrl.tool_formats import HermesFormat, canonical_call
+
 PAD_TOKEN = "<|endoftext|>"
 BOS_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
@@ -65,20 +67,17 @@ def tool_call_text(call: Mapping[str, Any]) -> str:
     """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` for one structured tool call.
 
     Accepts OpenAI-style ``{"function": {"name", "arguments"}}`` or flat ``{"name", "arguments"}``;
-    string arguments are inserted verbatim (they are already JSON).
+    string arguments are inserted verbatim (they are already JSON). The canonical (``hermes``) syntax of
+    :mod:`horizonrl.tool_formats`; a model family's own syntax is :meth:`ChatRenderer.assistant_text`.
     """
     fn = call.get("function", call)
-    args = fn.get("arguments", {})
-    args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return '<tool_call>{"name": "' + str(fn["name"]) + '", "arguments": ' + args_text + "}</tool_call>"
+    return canonical_call(str(fn["name"]), fn.get("arguments", {}))
 
 
 def assistant_text(message: Mapping[str, Any]) -> str:
-    """The text of an assistant message as the template renders it (content, then its tool calls)."""
-    text = message.get("content") or ""
-    for call in message.get("tool_calls") or ():
-        text += ("\n" if text else "") + tool_call_text(call)
-    return text
+    """The text of an assistant message in the canonical syntax (content, then its tool calls)."""
+    calls = [tool_call_text(call) for call in message.get("tool_calls") or ()]
+    return HermesFormat().join(message.get("content") or "", calls)
 
 
 def _lit(text: str) -> str:

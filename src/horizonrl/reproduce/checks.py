@@ -31,12 +31,13 @@ def expert_groups(
     cfg: RunConfig, *, n_tasks: int = 32, group_size: int | None = None, seed: int = 0
 ) -> list[Group]:
     """``group_size`` expert rollouts (noise ``sft.noise``) of ``n_tasks`` training tasks, ``cfg``'s agent."""
-    from horizonrl.models import ChatRenderer, load_model_and_tokenizer
+    from horizonrl.models import load_model_and_tokenizer
+    from horizonrl.models.chat import renderer_for
     from horizonrl.train.recipes import expert_groups as run_expert
 
     _, tok = load_model_and_tokenizer(_tokenizer_dir(cfg))
     g = group_size or cfg.rollout.group_size
-    return run_expert(cfg, ChatRenderer(tok), tok, n_tasks=n_tasks, group_size=g, seed=seed)
+    return run_expert(cfg, renderer_for(tok, cfg), tok, n_tasks=n_tasks, group_size=g, seed=seed)
 
 
 def _tokenizer_dir(cfg: RunConfig):

@@ -48,7 +48,10 @@ def demos_from_programs(cfg: RunConfig) -> bool:
 
 def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> Path:
     """Fine-tune ``model.path`` (or ``train.init``) on demonstrations; save to ``sft.out_dir``."""
-    from horizonrl.models import ChatRenderer, save_model_and_tokenizer
+    from horizonrl.models import save_model_and_tokenizer
+    from horizonrl.models.chat import renderer_for
+    from horizonrl.models.lora import is_lora, merge_and_unload
+    from horizonrl.train.update.lean import auto_micro_batch_tokens
 
     check_run(cfg, trainer=False)
     programs = demos_from_programs(cfg)
@@ -56,7 +59,7 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
     out = ensure_dir(cfg.sft.out_dir, "sft.out_dir")
     work_dir = Path(work_dir) if work_dir is not None else out.parent
     model, tok = load_policy(cfg.model, init=cfg.train.init, work_dir=work_dir)
-    renderer = ChatRenderer(tok)
+    renderer = renderer_for(tok, cfg)
     if programs:
         rows = expert_program_rows(cfg, renderer, tok)
     else:
@@ -84,9 +87,13 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
         seed=cfg.train.seed,
         device=device,
         pad_id=tok.pad_token_id or 0,
-        micro_batch_tokens=cfg.algo.micro_batch_tokens,
+        # 0: sized from train.memory_gb for SFT's plain forward (fp32, full logits, no checkpointing)
+        micro_batch_tokens=cfg.algo.micro_batch_tokens
+        or auto_micro_batch_tokens(model, cfg.train.memory_gb, device=device),
         log=log,
     )
+    if is_lora(model):  # model.lora_r > 0: SFT trained adapters; the warm start is a plain model
+        merge_and_unload(model)
     save_model_and_tokenizer(model, tok, out)
     return out
 
@@ -177,7 +184,7 @@ def evaluate_model(
     ``train.eval_*`` settings.
     """
     from horizonrl.inference import make_engine
-    from horizonrl.models import ChatRenderer
+    from horizonrl.models.chat import renderer_for
 
     check_run(cfg, trainer=False)
     if not Path(model_dir).is_dir():
@@ -185,7 +192,7 @@ def evaluate_model(
     setup = env_setup(cfg.env)  # the judge cache (if any) stays in memory: model_dir may be a checkpoint
     n = n_tasks if n_tasks is not None else (cfg.env.test_tasks if split == "test" else cfg.env.train_tasks)
     tasks = setup.tasks(n, seed=cfg.env.seed, split=split)
-    model, tok = load_policy(cfg.model, init=str(model_dir), work_dir=Path(model_dir))
+    model, tok = load_policy(cfg.model, init=str(model_dir), work_dir=Path(model_dir), lora=False)
     t = cfg.train
     engine = make_engine(
         cfg.inference.engine,
@@ -196,7 +203,7 @@ def evaluate_model(
         seed=t.eval_seed if t.eval_seed is not None else t.seed + 1_000_003,
         params=dict(cfg.inference.params),
     )
-    renderer = ChatRenderer(tok)
+    renderer = renderer_for(tok, cfg)
     r = cfg.rollout
     params = SamplingParams(
         temperature=temperature if temperature is not None else t.eval_temperature,

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
+from horizonrl.models.lora import FrozenBase, is_lora
 from horizonrl.train.trainers.features import Feature, FeatureContext, register_feature
 from horizonrl.train.update.batching import micro_batches
 from horizonrl.trajectory import Group
@@ -147,10 +148,14 @@ def reference_model(ctx: FeatureContext) -> torch.nn.Module:
     The copy is made from ``ctx.model`` on the first call of a fresh run (step
     0, before any update). A run resumed past step 0 without a reference model
     reloads its starting weights (``train.init`` or the base model) instead.
+    A LoRA policy (``model.lora_r > 0``) needs no copy: its frozen base (adapters off,
+    :class:`~horizonrl.models.lora.FrozenBase`) is the initial policy, also after a resume.
     """
     if ctx.ref_model is not None:
         return ctx.ref_model
     ref = ctx.state.get("ref")
+    if ref is None and is_lora(ctx.model):  # the frozen base: the initial policy, no second copy
+        ref = ctx.state["ref"] = FrozenBase(ctx.model)
     if ref is None:
         if ctx.step > 0 and ctx.cfg is not None:
             from horizonrl.train.warmstart.bootstrap import load_policy
@@ -187,7 +192,8 @@ def hidden_states(ctx: FeatureContext, groups: Sequence[Group]) -> tuple[np.ndar
     unique = list(dict.fromkeys(prompts))
     found = {k: v for k in unique if (v := cache.get(k)) is not None}
     missing = [k for k in unique if k not in found]
-    budget = ctx.cfg.algo.micro_batch_tokens if ctx.cfg is not None else DEFAULT_TOKEN_BUDGET
+    # algo.micro_batch_tokens=0 sizes the update from memory; this no-grad pass keeps the default
+    budget = (ctx.cfg.algo.micro_batch_tokens if ctx.cfg is not None else 0) or DEFAULT_TOKEN_BUDGET
     tok = ctx.tokenizer
     pad_id = (getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
     if missing:

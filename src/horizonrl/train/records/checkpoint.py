@@ -1,7 +1,8 @@
 """Atomic checkpoints that restore a run exactly.
 
 A checkpoint is a directory ``checkpoints/step_N`` holding HF-loadable weights
-(``model.safetensors`` + config + tokenizer) and ``trainer_state.pt`` with the
+(``model.safetensors`` + config + tokenizer; with LoRA the adapters only, in peft's
+format, ``horizonrl export`` merges them) and ``trainer_state.pt`` with the
 optimizer, scheduler, every RNG the run draws from, the step and any extra
 trainer state. It is written to a temporary sibling and renamed into place, and
 ``checkpoints/latest`` (a one-line file, itself replaced atomically) names the
@@ -113,6 +114,8 @@ def save_checkpoint(
     A model with non-finite parameters is refused (NonFiniteError) before anything is written;
     a failed write (e.g. a full disk) leaves no temporary directory and raises CheckpointError.
     """
+    from horizonrl.models.lora import is_lora, save_adapter
+
     check_finite(model, state_dict)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -123,7 +126,9 @@ def save_checkpoint(
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir()
-        if state_dict is None:
+        if is_lora(model) and state_dict is None:  # the adapters only: the base never changes
+            save_adapter(model, tmp)
+        elif state_dict is None:
             model.save_pretrained(tmp, safe_serialization=True)
         else:
             model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
@@ -264,27 +269,21 @@ def load_latest(root: str | Path) -> Checkpoint:
 
 def load_weights_into(model: torch.nn.Module, source: str | Path | dict[str, torch.Tensor]) -> None:
     """Load a checkpoint's weights (a directory, or tensors read by :func:`read_weights`) into
-    ``model`` exactly, in place; CheckpointError when names or shapes do not match the model."""
+    ``model`` exactly, in place; CheckpointError when names or shapes do not match the model.
+
+    A model with LoRA adapters (``model.lora_r > 0``) is checkpointed as its adapters only (peft's
+    ``adapter_model.safetensors``; the base weights never change) and restores them.
+    """
     state = read_weights(source) if isinstance(source, str | Path) else source
-    own = model.state_dict()
-    wrong = [
-        f"{k} {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in state.items()
-        if k in own and tuple(own[k].shape) != tuple(v.shape)
-    ]
+    from horizonrl.models.loading import state_mismatch
+    from horizonrl.models.lora import is_lora, load_adapter_weights
+
+    if is_lora(model):
+        where = f"checkpoint {source}" if isinstance(source, str | Path) else "the checkpoint"
+        return load_adapter_weights(model, state, where=where)
     # Tied embeddings are saved once; anything else missing is an error.
-    missing = [k for k in own if k not in state and not k.endswith("lm_head.weight")]
-    unexpected = [k for k in state if k not in own]
-    if wrong or missing or unexpected:
+    detail = state_mismatch(model.state_dict(), state, optional=("lm_head.weight",))
+    if detail:
         where = source if isinstance(source, str | Path) else "the checkpoint"
-        detail = "; ".join(
-            part
-            for part in (
-                f"shape mismatch: {', '.join(wrong[:3])}" if wrong else "",
-                f"missing: {missing[:5]}" if missing else "",
-                f"unexpected: {unexpected[:5]}" if unexpected else "",
-            )
-            if part
-        )
         raise CheckpointError(f"checkpoint {where} does not match the model ({detail})")
     model.load_state_dict(state, strict=False)

@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 from horizonrl.inference.ray_engine import cpu_state_dict
-from horizonrl.models import ChatRenderer
+from horizonrl.models.chat import renderer_for
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.rollout.collect import collect_groups
 from horizonrl.train.rollout.workers import close_quietly
@@ -82,7 +82,7 @@ class AsyncRollouts:
         self.k = trainer.cfg.train.max_staleness
         self.engine = trainer.make_engine(shared=False)
         tok = copy.deepcopy(trainer.tokenizer)  # one tokenizer per thread
-        self.spec = dataclasses.replace(trainer.spec, renderer=ChatRenderer(tok))
+        self.spec = dataclasses.replace(trainer.spec, renderer=renderer_for(tok, trainer.cfg))
         self.cond = threading.Condition()
         self.versions: dict[int, dict] = {}
         self.first_version: int | None = None

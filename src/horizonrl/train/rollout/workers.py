@@ -16,7 +16,9 @@ from __future__ import annotations
 from horizonrl.envs import get_env
 from horizonrl.envs.remote import EnvPool, runs_remotely
 from horizonrl.inference import make_engine
+from horizonrl.inference.base import EngineWrapper, Generation
 from horizonrl.inference.seeding import SeededEngine
+from horizonrl.tool_formats import ToolFormat
 
 
 def remote_envs(cfg) -> bool:
@@ -59,6 +61,39 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
     if d.request_seeding(world_size):
         engine = SeededEngine(engine, cfg.train.seed)
     return engine
+
+
+class FamilyTextEngine(EngineWrapper):
+    """Generations whose text holds the model family's tool calls in the canonical syntax the environments
+    and agents parse (:meth:`ChatRenderer.canonical_text`); the model's own text is ``meta["raw_text"]``.
+    The ids and log-probs are untouched: only what the agent layer reads changes."""
+
+    def __init__(self, engine, renderer) -> None:
+        super().__init__(engine)
+        self.renderer = renderer
+
+    def _canonical(self, gens: list[Generation]) -> list[Generation]:
+        for g in gens:
+            text = self.renderer.canonical_text(g.text)
+            if text != g.text:
+                g.meta["raw_text"], g.text = g.text, text
+        return gens
+
+    def generate(self, prompts, params, **kw) -> list[Generation]:
+        return self._canonical(self.inner.generate(prompts, params, **kw))
+
+
+def for_family(engine, renderer):
+    """``engine`` made to stop on the family's stop tokens and, for a family whose tool syntax is not the
+    canonical one (Llama 3's JSON, pythonic), to hand its calls to the agents canonically."""
+    base = engine
+    while isinstance(base, EngineWrapper) and "eos_ids" not in vars(base):
+        base = base.inner
+    if "eos_ids" in vars(base):  # the local engines; Ray replicas keep their generation config's
+        base.eos_ids = frozenset(base.eos_ids) | renderer.stop_ids
+    if type(renderer.tool_format).to_canonical is ToolFormat.to_canonical:
+        return engine
+    return FamilyTextEngine(engine, renderer)
 
 
 def make_env_pool(cfg, setup) -> EnvPool | None:

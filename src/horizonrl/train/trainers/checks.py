@@ -78,7 +78,7 @@ def check_kwargs(
 
 def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     """Every registered name the config uses exists, and its parameters fit (module docstring)."""
-    from horizonrl.agents.context import CONTEXTS, LoopLimits, make_context
+    from horizonrl.agents.context import CONTEXTS, ContextManager, LoopLimits, make_context
     from horizonrl.agents.registry import AGENTS
     from horizonrl.credit.registry import ESTIMATORS
     from horizonrl.inference.registry import ENGINES, TRAINER_SET, engine_parameters
@@ -116,6 +116,11 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         make_context(r.context, LoopLimits(r.max_turns, r.context_budget, r.overflow), dict(r.context_params))
     except ValueError as e:
         raise ConfigError(f"rollout.context_params={dict(r.context_params)!r}: {e}") from None
+    if r.thinking_history == "drop" and CONTEXTS.get(r.context).commit is not ContextManager.commit:
+        raise ConfigError(
+            f"rollout.thinking_history='drop' works with the append context manager; rollout.context="
+            f"{r.context!r} builds its own prompts (use thinking_history='keep' or context='append')"
+        )
     check_env_knobs(cfg.env.name, dict(cfg.env.knobs))
     if cfg.inference.engine not in ENGINES:  # membership only: a lazy engine's module is not imported
         raise UnknownNameError(ENGINES.unknown(cfg.inference.engine, field="inference.engine"))
@@ -156,6 +161,26 @@ def check_run(cfg: RunConfig, *, trainer: bool = True) -> None:
 
     check_names(cfg, trainer=trainer)
     resolve_device(cfg.model.device)
+    check_lora(cfg, trainer=trainer)
+
+
+def check_lora(cfg: RunConfig, *, trainer: bool = True) -> None:
+    """LoRA (``model.lora_r > 0``) runs in one trainer process with local rollout engines; the Ray
+    replicas and the torchrun update take whole state dicts and are not wired to adapters yet."""
+    import os
+
+    if cfg.model.lora_r <= 0 or not trainer:
+        return
+    if cfg.distributed.backend == "ray":
+        raise ConfigError(
+            f"model.lora_r={cfg.model.lora_r}: LoRA is not supported with distributed.backend='ray' "
+            "(use 'local', or full fine-tuning with model.lora_r=0)"
+        )
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise ConfigError(
+            f"model.lora_r={cfg.model.lora_r}: LoRA is not supported under torchrun (WORLD_SIZE > 1); "
+            "run one process, or full fine-tuning with model.lora_r=0"
+        )
 
 
 def ensure_dir(path: str | Path, field: str) -> Path:

@@ -15,7 +15,6 @@ budget, and a step the budget cut short is discarded untrained
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
@@ -34,19 +33,21 @@ from horizonrl.agents.registry import AgentSpec
 from horizonrl.config import RunConfig, save_config
 from horizonrl.errors import HorizonWarning
 from horizonrl.inference import SamplingParams
-from horizonrl.models import ChatRenderer
+from horizonrl.models.chat import renderer_for
+from horizonrl.models.lora import frozen_reference, trainable_parameters
 from horizonrl.train.records import checkpoint as ckpt
 from horizonrl.train.records.metrics import MetricsLogger
 from horizonrl.train.records.rollout_log import credit_records, write_rollout_log
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.rollout.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.rollout.env_setup import env_setup
-from horizonrl.train.rollout.workers import close_quietly, make_env_pool, make_rollout_engine
+from horizonrl.train.rollout.workers import close_quietly, for_family, make_env_pool, make_rollout_engine
 from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.trainers.features import FeatureContext, compute_features
 from horizonrl.train.trainers.loop import Trainer
 from horizonrl.train.trainers.registry import register_trainer
 from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
+from horizonrl.train.update.lean import enable_gradient_checkpointing, resolve_micro_batch_tokens
 from horizonrl.train.update.ppo import UpdateSettings, ppo_update
 from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
 from horizonrl.trajectory import Group, build_rows
@@ -100,7 +101,7 @@ class GroupTrainer(Trainer):
 
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
-        self.renderer = ChatRenderer(self.tokenizer)
+        self.renderer = renderer_for(self.tokenizer, cfg)
         self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
         self.evals_done: list[float] = []
         self.env_pool = make_env_pool(cfg, self.env_setup)  # None: environments in this process
@@ -109,12 +110,15 @@ class GroupTrainer(Trainer):
         self.rollout_engine = BudgetedEngine(self.engine, self.budget)
         self.ref_model = None
         if cfg.algo.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            # LoRA: the policy with its adapters off (no copy of the weights); else a frozen copy.
+            self.ref_model = frozen_reference(self.model)
+        if cfg.train.gradient_checkpointing:  # the policy only; the frozen reference never runs a backward
+            enable_gradient_checkpointing(self.model)
         #: What the update runs through: the model, DDP around it, or the model sharded in place (FSDP2).
         self.train_model = self.world.wrap(self.model) if self.world is not None else self.model
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
+            trainable_parameters(self.model), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(o.warmup_steps, cfg.train.steps, o.schedule)
@@ -146,7 +150,9 @@ class GroupTrainer(Trainer):
             kl_kind=cfg.algo.kl_kind,
             ppo_epochs=cfg.algo.ppo_epochs,
             mini_batches=cfg.algo.mini_batches,
-            micro_batch_tokens=cfg.algo.micro_batch_tokens,
+            micro_batch_tokens=resolve_micro_batch_tokens(  # a LoRA reference shares the policy's weights
+                cfg, self.model, self.device, frozen_copies=int(isinstance(self.ref_model, torch.nn.Module))
+            ),
             grad_clip=o.grad_clip,
             old_logprobs=cfg.algo.old_logprobs,
             logprob_clip=cfg.algo.logprob_clip,
@@ -156,6 +162,9 @@ class GroupTrainer(Trainer):
             tis_cap=cfg.algo.tis_cap,
             tis_level=cfg.algo.tis_level,
             tis_mode=cfg.algo.tis_mode,
+            logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+            pack_rows=cfg.algo.pack_rows,
+            precision=cfg.train.precision,
         )
         #: Background collection of future batches (train.max_staleness > 0), else None.
         self.async_rollouts = None
@@ -254,9 +263,10 @@ class GroupTrainer(Trainer):
 
     def make_engine(self, *, shared: bool):
         """The configured rollout engine over the training model (``inference.engine``, ``distributed``)."""
-        return make_rollout_engine(
+        engine = make_rollout_engine(
             self.cfg, self.model, self.tokenizer, device=self.device, shared=shared, world=self.world
         )
+        return for_family(engine, self.renderer)
 
     def make_env(self):
         if self.env_pool is not None:

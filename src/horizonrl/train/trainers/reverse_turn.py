@@ -280,6 +280,7 @@ class ReverseTurnTrainer(GroupTrainer):
             device=self.device,
             pad_id=self.tokenizer.pad_token_id or 0,
             micro_batch_tokens=self.update_settings.micro_batch_tokens,
+            forward=self.update_settings.forward,
         )
 
     def trainable_logprobs(self, rows: list[Row]) -> list[np.ndarray]:

@@ -1,7 +1,8 @@
 """The policy update; imports ``records`` and the layers below ``train``.
 
 ``batching`` (rows to padded tensors, token-budgeted micro-batches, per-token
-log-probs under the training model), ``ppo`` (PPO epochs over rows: mini-batches,
+log-probs under the training model), ``lean`` (chunked log-probs, bf16 autocast, packed rows,
+micro-batches sized from memory), ``ppo`` (PPO epochs over rows: mini-batches,
 KL, the rollout/train consistency metrics) and ``distributed`` (torchrun: DDP /
 FSDP2 update, generation split over ranks, resharded checkpoints).
 """

@@ -1,4 +1,4 @@
-"""Rows to padded tensors, token-budgeted micro-batches, and per-token log-probs."""
+"""Rows to padded tensors, token-budgeted micro-batches, per-token log-probs (plain, or ``lean``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from horizonrl.train.update.lean import ForwardOptions, autocast, lean_logprobs, verify_once
 from horizonrl.trajectory import Row
 
 
@@ -83,32 +84,51 @@ def collate(
     return RowBatch(ids, att, tgt, mask, old, adv, turn, rid, temp, roll)
 
 
-def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Split row indices (in the given order) into chunks of at most ``token_budget`` padded tokens.
+def micro_batches(lengths: Sequence[int], token_budget: int, *, packed: bool = False) -> list[list[int]]:
+    """Split row indices (in the given order) into chunks of at most ``token_budget`` padded tokens
+    (``packed``: tokens, the rows' summed lengths, as one packed sequence holds them).
 
     A single row longer than the budget gets a chunk of its own.
     """
     chunks: list[list[int]] = []
     cur: list[int] = []
-    longest = 0
+    longest = total = 0
     for i, n in enumerate(lengths):
-        if cur and max(longest, n) * (len(cur) + 1) > token_budget:
+        if cur and (total + n if packed else max(longest, n) * (len(cur) + 1)) > token_budget:
             chunks.append(cur)
-            cur, longest = [], 0
+            cur, longest, total = [], 0, 0
         cur.append(i)
         longest = max(longest, n)
+        total += n
     if cur:
         chunks.append(cur)
     return chunks
 
 
-def token_logprobs(model: torch.nn.Module, batch: RowBatch) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, batch: RowBatch, options: ForwardOptions | None = None
+) -> torch.Tensor:
     """Log-prob of each target token under ``model``, ``[B, T-1]``.
 
     Logits are divided by each position's temperature (``batch.temperatures``: the
     temperature the token was sampled at), so the result is the log-prob of the
     distribution the rollout engine sampled from.
+
+    ``options`` (:class:`~horizonrl.train.update.lean.ForwardOptions`): bf16 autocast, LM-head
+    chunks and packed rows (``train/update/lean.py``); positions without a target are then 0.
+    None or the defaults: one padded forward that materializes the ``[B, T, V]`` float32 logits.
     """
+    if options is None or options == ForwardOptions():
+        return _full_logprobs(model, batch)
+    with autocast(options.precision, batch.input_ids.device):
+        if not options.rewritten:
+            return _full_logprobs(model, batch)
+        verify_once(model, batch, options, _full_logprobs)
+        return lean_logprobs(model, batch, options)
+
+
+def _full_logprobs(model: torch.nn.Module, batch: RowBatch) -> torch.Tensor:
+    """:func:`token_logprobs` through the model's own logits."""
     T = int(batch.attention_mask.sum(1).max())
     out = model(input_ids=batch.input_ids[:, :T], attention_mask=batch.attention_mask[:, :T], use_cache=False)
     logits = out.logits[:, :-1].float()

@@ -46,6 +46,7 @@ from horizonrl.losses import aggregate, kl_penalty, policy_loss, rollout_correct
 from horizonrl.losses.mismatch import CORRECTION_LEVELS, CORRECTION_MODES
 from horizonrl.train.records.checkpoint import check_finite
 from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
+from horizonrl.train.update.lean import ForwardOptions
 from horizonrl.trajectory import Row
 from horizonrl.vocab import OldLogprobs
 
@@ -73,8 +74,19 @@ class UpdateSettings:
     tis_cap: float | None = None
     tis_level: str = "token"
     tis_mode: str = "truncate"
+    #: Memory-lean forwards (train/update/lean.py): LM-head chunk size (0 = full logits), packed rows,
+    #: 'fp32' or 'bf16' autocast.
+    logprob_chunk_tokens: int = 0
+    pack_rows: bool = False
+    precision: str = "fp32"
+
+    @property
+    def forward(self) -> ForwardOptions:
+        """How the update computes log-probs (:func:`~horizonrl.train.update.batching.token_logprobs`)."""
+        return ForwardOptions(self.logprob_chunk_tokens, self.pack_rows, self.precision)
 
     def __post_init__(self) -> None:
+        self.forward  # noqa: B018 (validates precision and chunk size)
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be one of {list(OLD_LOGPROBS)}")
         if self.nonfinite not in ("stop", "skip"):
@@ -96,18 +108,21 @@ def rollout_mini_batches(rows: Sequence[Row], n: int, generator: torch.Generator
     return [[i for j in perm[m::n] for i in by_rollout[keys[j]]] for m in range(n)]
 
 
-def rank_chunks(lengths: Sequence[int], budget: int, world) -> list[list[int] | None]:
-    """Micro-batches (positions into ``lengths``, sorted by length) of this rank.
+def rank_chunks(
+    lengths: Sequence[int], budget: int, world, *, packed: bool = False
+) -> list[list[int] | None]:
+    """Micro-batches (positions into ``lengths``, sorted by length) of this rank (``packed``: the
+    budget counts real tokens, :func:`~horizonrl.train.update.batching.micro_batches`).
 
     Without ``world``: all of them. With one: the rank's positions (round-robin), split by
     ``budget`` and padded with ``None`` (a zero-weighted micro-batch) to the largest count of
     any rank, so every rank runs the same forwards and backwards (FSDP / DDP collectives).
     """
     if world is None:
-        return list(micro_batches(lengths, budget))
+        return list(micro_batches(lengths, budget, packed=packed))
     mine = world.my_positions(len(lengths))
     chunks: list[list[int] | None] = [
-        [mine[c] for c in chunk] for chunk in micro_batches([lengths[p] for p in mine], budget)
+        [mine[c] for c in chunk] for chunk in micro_batches([lengths[p] for p in mine], budget, packed=packed)
     ]
     n = int(world.max([len(chunks)])[0])
     return chunks + [None] * (n - len(chunks))
@@ -115,11 +130,19 @@ def rank_chunks(lengths: Sequence[int], budget: int, world) -> list[list[int] | 
 
 @torch.no_grad()
 def score_rows(
-    model: torch.nn.Module, rows: Sequence[Row], *, device, pad_id: int, micro_batch_tokens: int, world=None
+    model: torch.nn.Module,
+    rows: Sequence[Row],
+    *,
+    device,
+    pad_id: int,
+    micro_batch_tokens: int,
+    world=None,
+    forward: ForwardOptions | None = None,
 ):
     """Training-model log-probs of every row's target positions (``[T-1]`` per row, no grad).
 
-    With ``world`` each rank scores its share of the rows and the results are all-gathered.
+    With ``world`` each rank scores its share of the rows and the results are all-gathered;
+    ``forward``: the update's precision, LM-head chunks and packing (``UpdateSettings.forward``).
     """
     out: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
@@ -127,10 +150,11 @@ def score_rows(
     model.eval()
     mine = []
     try:
-        for chunk in rank_chunks([len(rows[i]) for i in order], micro_batch_tokens, world):
+        packed = forward is not None and forward.pack
+        for chunk in rank_chunks([len(rows[i]) for i in order], micro_batch_tokens, world, packed=packed):
             idx = [order[c] for c in chunk or [0]]
             batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
-            lp = token_logprobs(model, batch).cpu()
+            lp = token_logprobs(model, batch, forward).cpu()
             if chunk is None:  # an idle rank's forward, for the collectives only
                 continue
             for b, i in enumerate(idx):
@@ -209,7 +233,13 @@ def ppo_update(
     scored = None
     if s.old_logprobs == "recompute":
         scored = score_rows(
-            model, rows, device=device, pad_id=pad_id, micro_batch_tokens=s.micro_batch_tokens, world=world
+            model,
+            rows,
+            device=device,
+            pad_id=pad_id,
+            micro_batch_tokens=s.micro_batch_tokens,
+            world=world,
+            forward=s.forward,
         )
         before = consistency_metrics(rows, scored)
     for epoch in range(s.ppo_epochs):
@@ -236,14 +266,14 @@ def ppo_update(
             )
             log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
             totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
-            chunks = rank_chunks([len(rows[i]) for i in idx], s.micro_batch_tokens, world)
+            chunks = rank_chunks([len(rows[i]) for i in idx], s.micro_batch_tokens, world, packed=s.pack_rows)
             for k, chunk in enumerate(chunks):
                 c = torch.tensor(chunk or [0], device=device)
                 sub = mb.slice(c)
                 cf = coef[c] if chunk is not None else torch.zeros_like(coef[c])
                 sync = world.grad_sync(model, k == len(chunks) - 1) if world else contextlib.nullcontext()
                 with sync:
-                    logp = token_logprobs(model, sub)
+                    logp = token_logprobs(model, sub, s.forward)
                     pl, stats = policy_loss(
                         logp,
                         sub.old_logprobs,
@@ -262,7 +292,7 @@ def ppo_update(
                     totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
                     if ref_model is not None and s.kl_coef > 0:
                         with torch.no_grad():
-                            ref_lp = token_logprobs(ref_model, sub)
+                            ref_lp = token_logprobs(ref_model, sub, s.forward)
                         kl = aggregate(
                             kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf
                         )

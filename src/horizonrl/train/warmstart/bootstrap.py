@@ -234,22 +234,43 @@ def resolve_device(name: str, field: str = "model.device") -> torch.device:
     return dev
 
 
-def load_policy(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):
+def load_policy(cfg: ModelConfig, *, init: str | None, work_dir: str | Path, lora: bool = True):
     """Model and tokenizer for a run.
 
-    ``init`` if given, else ``cfg.path``: 'tiny', 'smollm2' or a local directory.
+    ``init`` if given, else ``cfg.path``: 'tiny', 'smollm2' or a local directory (a LoRA checkpoint
+    loads with its adapters merged into the base it names). With ``cfg.lora_r > 0`` (and ``lora``)
+    fresh LoRA adapters are put on it and only they train (:mod:`horizonrl.models.lora`).
     """
+    model, tok, base_dir = _load_base(cfg, init=init, work_dir=work_dir)
+    if lora and cfg.lora_r > 0:
+        from horizonrl.models.lora import apply_lora
+
+        apply_lora(model, cfg, base_path=base_dir)
+    return model, tok
+
+
+def _load_base(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):
+    """``(model, tokenizer, directory the weights came from)`` for :func:`load_policy`."""
     from horizonrl.models import load_model_and_tokenizer, load_smollm2
 
     device = resolve_device(cfg.device)
+
+    def load_dir(path):
+        from horizonrl.models.lora import is_adapter_dir, load_adapter_dir
+
+        if is_adapter_dir(path):
+            return (*load_adapter_dir(path, dtype=cfg.dtype, device=str(device)), None)
+        return (*load_model_and_tokenizer(path, dtype=cfg.dtype, device=str(device)), path)
+
     if init is not None:
-        return load_model_and_tokenizer(init, dtype=cfg.dtype, device=str(device))
+        return load_dir(init)
     if cfg.path == "tiny":
         target = Path(work_dir) / "base_model"
         if not (target / "config.json").exists():
             tiny_base(cfg, target)
-        return load_model_and_tokenizer(target, dtype=cfg.dtype, device=str(device))
+        return load_dir(target)
     if cfg.path == "smollm2":
-        model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
-        return model.to(device=device, dtype=getattr(torch, cfg.dtype)), tok
-    return load_model_and_tokenizer(cfg.path, dtype=cfg.dtype, device=str(device))
+        cache = Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct"
+        model, tok = load_smollm2(cache)
+        return model.to(device=device, dtype=getattr(torch, cfg.dtype)), tok, cache
+    return load_dir(cfg.path)

@@ -58,7 +58,8 @@ def sft_train(
     log=None,
 ) -> list[float]:
     """Train ``model`` in place; returns the mean loss of every optimizer step."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    # Only what trains: every weight, or the LoRA adapters (model.lora_r > 0).
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     n_steps = epochs * ((len(rows) + batch_size - 1) // batch_size)
     # 10 warmup steps, then constant: a decaying rate measurably slowed the tiny model's SFT.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))

