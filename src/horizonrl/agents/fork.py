@@ -299,6 +299,7 @@ def fork_agent(
         group_id=group_id,
         system_prompt=system,
         extra_tools=[FORK_TOOL.to_schema()] if prompts == "paper" else [],
+        preamble=spec.preamble,
     )
     ep.rollout.env["forks"] = 0
     ep.rollout.env["metrics"] = {"forks": 0.0, "subagents": 0.0}

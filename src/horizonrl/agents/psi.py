@@ -205,7 +205,9 @@ class TurnSummaryContext(PsiContext):
         if self.summarizer == "policy":
             index = len(ep.state["psi_turns"])
             result = " ".join((record["obs"] or "").split())[: self.obs_chars]
-            user = f"Task: {ep.messages[1]['content']}\nStep: {strip_think(record['text'])}\nResult: {result}"
+            user = (
+                f"Task: {ep.messages[-1]['content']}\nStep: {strip_think(record['text'])}\nResult: {result}"
+            )
             prompt = list(
                 ep.renderer.initial_ids(
                     [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": user}]
@@ -230,8 +232,8 @@ class TurnSummaryContext(PsiContext):
         if not turns:
             return list(base)
         notes = "\n".join(f"{i + 1}. {rec['summary']}" for i, rec in enumerate(turns))
-        user = {"role": "user", "content": f"{ep.messages[1]['content']}\n\n{PROGRESS_HEADER}\n{notes}"}
-        return list(ep.renderer.initial_ids([ep.messages[0], user], tools=ep.tools))
+        user = {"role": "user", "content": f"{ep.messages[-1]['content']}\n\n{PROGRESS_HEADER}\n{notes}"}
+        return list(ep.renderer.initial_ids([*ep.messages[:-1], user], tools=ep.tools))
 
 
 def _extends(prefix: Sequence[int], full: Sequence[int]) -> bool:

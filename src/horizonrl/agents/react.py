@@ -51,14 +51,17 @@ def start_episode(
     group_id: str,
     system_prompt: str | None = None,
     extra_tools: Sequence[dict] = (),
+    preamble: Sequence[dict] = (),
 ) -> Episode:
-    """Reset ``env`` on ``task``; the episode's context starts as the rendered system + user messages."""
+    """Reset ``env`` on ``task``; the episode's context starts as the rendered system + user messages,
+    with ``preamble`` (earlier chat turns, e.g. few-shot examples) between them. The task's message is
+    always ``ep.messages[-1]``."""
     first = env.reset(task)
     system = {"role": "system", "content": system_prompt if system_prompt is not None else env.system_prompt}
     tools = [t.to_schema() for t in env.tools] + list(extra_tools)
     rollout = Rollout(uid=uid, task_id=task.id, group_id=group_id, segments=[Segment(kind="normal")])
     rollout.env = {"name": env.name}
-    messages = [system, {"role": "user", "content": first}]
+    messages = [system, *preamble, {"role": "user", "content": first}]
     return Episode(
         env=env,
         task=task,

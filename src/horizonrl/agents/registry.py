@@ -31,6 +31,10 @@ AgentFn = Callable[..., Program]
 AGENTS: Registry[AgentFn] = Registry("agent", register_with="@register_agent(NAME) (horizonrl.agents)")
 
 
+#: The agent kinds that show :attr:`AgentSpec.preamble` (``rollout.few_shot``) before the task.
+FEW_SHOT_AGENTS = ("react", "fork")
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     """Everything an agent kind needs besides the episode itself."""
@@ -42,6 +46,8 @@ class AgentSpec:
     context_params: dict[str, Any] = field(default_factory=dict)
     agent_params: dict[str, Any] = field(default_factory=dict)
     make_env: Callable[[], Env] | None = None
+    #: Chat turns shown between the system message and the task (``rollout.few_shot``'s expert episodes).
+    preamble: tuple[dict[str, Any], ...] = ()
 
 
 def register_agent(name: str) -> Callable[[AgentFn], AgentFn]:
@@ -75,6 +81,6 @@ def make_program(name: str, env: Env, task: Task, spec: AgentSpec, *, uid: str, 
 @register_agent("react")
 def react(env: Env, task: Task, spec: AgentSpec, *, uid: str, group_id: str) -> Program:
     """The ReAct loop with the configured context manager."""
-    ep = start_episode(env, task, spec.renderer, uid=uid, group_id=group_id)
+    ep = start_episode(env, task, spec.renderer, uid=uid, group_id=group_id, preamble=spec.preamble)
     manager = make_context(spec.context, spec.limits, spec.context_params)
     return episode_program(ep, manager, spec.params)

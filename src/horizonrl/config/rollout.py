@@ -47,6 +47,14 @@ class RolloutConfig(_Section):
         "exact context)",
         choices=("keep", "drop"),
     )
+    few_shot: int = opt(
+        0,
+        "expert episodes shown before every task as earlier chat turns (successful expert runs on "
+        "training tasks, tool calls in the model family's own syntax; react and fork agents): gives a small "
+        "pretrained model a starting reward (docs/models.md)",
+        ge=0,
+        le=16,
+    )
     check_tokens: bool = opt(
         False,
         "compare every kept prompt with a fresh rendering of the conversation and report the first "

@@ -185,6 +185,8 @@ def evaluate_model(
     """
     from horizonrl.inference import make_engine
     from horizonrl.models.chat import renderer_for
+    from horizonrl.train.rollout.workers import for_family
+    from horizonrl.train.warmstart.few_shot import few_shot_messages
 
     check_run(cfg, trainer=False)
     if not Path(model_dir).is_dir():
@@ -204,6 +206,7 @@ def evaluate_model(
         params=dict(cfg.inference.params),
     )
     renderer = renderer_for(tok, cfg)
+    engine = for_family(engine, renderer)
     r = cfg.rollout
     params = SamplingParams(
         temperature=temperature if temperature is not None else t.eval_temperature,
@@ -221,6 +224,7 @@ def evaluate_model(
         context_params=dict(r.context_params),
         agent_params=dict(r.agent_params),
         make_env=make_env,
+        preamble=few_shot_messages(setup, r.few_shot, seed=cfg.env.seed, max_turns=r.max_turns),
     )
     try:
         return evaluate(

@@ -79,7 +79,7 @@ def check_kwargs(
 def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     """Every registered name the config uses exists, and its parameters fit (module docstring)."""
     from horizonrl.agents.context import CONTEXTS, ContextManager, LoopLimits, make_context
-    from horizonrl.agents.registry import AGENTS
+    from horizonrl.agents.registry import AGENTS, FEW_SHOT_AGENTS
     from horizonrl.credit.registry import ESTIMATORS
     from horizonrl.inference.registry import ENGINES, TRAINER_SET, engine_parameters
     from horizonrl.registry import UnknownNameError
@@ -120,6 +120,12 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         raise ConfigError(
             f"rollout.thinking_history='drop' works with the append context manager; rollout.context="
             f"{r.context!r} builds its own prompts (use thinking_history='keep' or context='append')"
+        )
+    if r.few_shot and (r.agent not in FEW_SHOT_AGENTS or cfg.train.trainer == "gateway"):
+        raise ConfigError(
+            f"rollout.few_shot={r.few_shot}: shown by the {' and '.join(FEW_SHOT_AGENTS)} agents of the "
+            f"built-in trainers; rollout.agent={r.agent!r}, train.trainer={cfg.train.trainer!r} builds its "
+            "own prompts"
         )
     check_env_knobs(cfg.env.name, dict(cfg.env.knobs))
     if cfg.inference.engine not in ENGINES:  # membership only: a lazy engine's module is not imported

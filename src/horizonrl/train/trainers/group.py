@@ -50,6 +50,7 @@ from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
 from horizonrl.train.update.lean import enable_gradient_checkpointing, resolve_micro_batch_tokens
 from horizonrl.train.update.ppo import UpdateSettings, ppo_update
 from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
+from horizonrl.train.warmstart.few_shot import few_shot_messages
 from horizonrl.trajectory import Group, build_rows
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
@@ -98,6 +99,10 @@ class GroupTrainer(Trainer):
         self.train_tasks = self.env_setup.tasks(cfg.env.train_tasks, seed=cfg.env.seed, split="train")
         self.test_tasks = self.env_setup.tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test")
         self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
+        #: ``rollout.few_shot`` expert episodes shown before every task (train and evaluation alike).
+        self.preamble = few_shot_messages(
+            self.env_setup, cfg.rollout.few_shot, seed=cfg.env.seed, max_turns=cfg.rollout.max_turns
+        )
 
         self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
         self.model.to(self.device)
@@ -294,6 +299,7 @@ class GroupTrainer(Trainer):
             context_params=dict(r.context_params),
             agent_params=dict(r.agent_params),
             make_env=self.make_env,
+            preamble=self.preamble,
         )
 
     def evaluate(self) -> dict[str, float]:

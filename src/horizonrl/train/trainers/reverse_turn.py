@@ -248,7 +248,9 @@ class ReverseTurnTrainer(GroupTrainer):
     def fresh_episode(self, i: int, uid: str, boundaries: list[Boundary] | None = None):
         """``(program, env)`` of a new episode on training task ``i`` (recording its boundaries if given)."""
         env = self.make_env()
-        ep = start_episode(env, self.train_tasks[i], self.renderer, uid=uid, group_id=str(i))
+        ep = start_episode(
+            env, self.train_tasks[i], self.renderer, uid=uid, group_id=str(i), preamble=self.preamble
+        )
         return episode_program(ep, self.manager(boundaries, task_index=i), self.params), env
 
     def save_phase1(self, name: str, rollouts: list[Rollout]) -> None:

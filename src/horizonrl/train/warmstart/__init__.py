@@ -2,5 +2,6 @@
 
 ``bootstrap`` (the embedded tiny model and tokenizer, policy loading, expert
 demonstrations), ``pretrain`` (synthetic in-context copy pretraining of the tiny
-model) and ``sft`` (supervised fine-tuning on demonstrations).
+model), ``sft`` (supervised fine-tuning on demonstrations) and ``few_shot`` (expert episodes shown
+in the prompt, ``rollout.few_shot``).
 """
