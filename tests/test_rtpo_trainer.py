@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from horizonrl.config import load_config
+from horizonrl.config import ConfigError, load_config
 from horizonrl.train.methods.rtpo import RTPOTrainer, agent_turns, downstream_turns
 from horizonrl.train.methods.seeupo import SeeUPOTrainer
 from horizonrl.train.records.metrics import read_metrics
@@ -67,7 +67,7 @@ def _rigged(trainer):
 
 
 def test_two_siblings_are_refused_as_degenerate(tiny_model_dir, tmp_path):
-    with pytest.raises(ValueError, match=r"train\.trainer_params\.siblings=2 is degenerate"):
+    with pytest.raises(ConfigError, match=r"train\.trainer_params\.siblings=2 is degenerate"):
         RTPOTrainer(_cfg(tiny_model_dir, tmp_path, "train.trainer_params.siblings=2"))
 
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from horizonrl.agents.psi import Boundary, flat_prompts, resume_episode
 from horizonrl.agents.react import episode_program
+from horizonrl.config import ConfigError
 from horizonrl.credit.rtpo import off_policy_q_values, sibling_advantage
 from horizonrl.train.trainers.registry import register_trainer, trainer_params
 from horizonrl.train.trainers.reverse_turn import (
@@ -65,8 +66,8 @@ class RTPOTrainer(ReverseTurnTrainer):
 
     def __init__(self, cfg, *, resume: bool = False) -> None:
         siblings = trainer_params(cfg).siblings
-        if siblings < 3:
-            raise ValueError(
+        if siblings < 3:  # a ConfigError: the CLI reports it in one line
+            raise ConfigError(
                 f"train.trainer_params.siblings={siblings} is degenerate: with G-1 = 1 sibling per boundary "
                 "A = R - mean(R) = 0 always and no turn is trained; use train.trainer_params.siblings >= 3 "
                 "(paper: G-1 = 2)"
