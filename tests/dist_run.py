@@ -38,7 +38,10 @@ def main() -> None:
     world = trainer.world
     full = world.full_state_dict(trainer.model) if world is not None else trainer.model.state_dict()
     saved = {k: v.detach().cpu().clone() for k, v in full.items()}
+    rank = trainer.world.rank if trainer.world is not None else 0
     trainer.close()  # leaves the process group
+    # A crash after this line is a teardown crash, not a training one: say so in the test's failure.
+    print(f"dist_run: rank {rank} finished training and left the group", file=sys.stderr, flush=True)
     if trainer.is_main:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(saved, out / "weights.pt")

@@ -137,8 +137,16 @@ class World:
         return {k: v.detach().cpu() for k, v in full.items()}
 
     def close(self) -> None:
+        """Leave the group together: a barrier first, so that no rank tears down its gloo/nccl pairs
+        while a peer is still inside its last collective, then destroy every group and collect the
+        backend objects while the interpreter is alive (a gloo group freed during interpreter
+        finalization can abort the process with ``terminate called without an active exception``)."""
         if dist.is_initialized():
+            import gc
+
+            dist.barrier()
             dist.destroy_process_group()
+            gc.collect()
 
 
 def init_world(settings, device: torch.device) -> World | None:
