@@ -343,3 +343,88 @@ def test_ccpo_estimator_broadcasts_step_advantages():
         est(groups)
     with pytest.raises(ValueError, match="hidden"):
         est(groups, hidden=h[:5])
+
+
+# ----------------------------------------------------------------- released-recipe options (issue 27)
+
+
+def test_kappa_shrinks_exact_readouts_toward_the_other_trajectories_task_mean():
+    """b = (J B + kappa b_task) / (J + kappa); J counts trajectories, not visits; fallback not shrunk."""
+    rows = [
+        ("x", "i", 0, 2, "a", 0.0, False),
+        ("x", "i", 1, 2, "b", 0.0, False),
+        ("x", "j", 0, 3, "a", 0.0, False),
+        ("x", "j", 1, 3, "c", 0.0, False),
+        ("x", "j", 2, 3, "a", 0.0, False),  # a revisit: j still counts once in J
+        ("x", "k", 0, 1, "a", 0.0, False),
+    ]
+    target = np.array([1.0, 2.0, 3.0, 5.0, 4.0, 9.0])
+    phi = np.random.default_rng(0).normal(size=(6, 3))
+    sb = batch(rows)
+    plain = readout(sb, phi, target, kernel="uniform").values[:, 0]
+    shrunk = readout(sb, phi, target, kernel="uniform", kappa=2.0).values[:, 0]
+    # Query (i, a): peers j0, j2 (trajectory j: mass 2, mean 3.5) and k0 (mass 1, 9): B = 16/3, J = 2;
+    # b_task(i) = mean(3, 5, 4, 9) = 5.25.
+    assert plain[0] == pytest.approx(16 / 3)
+    assert shrunk[0] == pytest.approx((2 * 16 / 3 + 2 * 5.25) / 4)
+    # Query (i, b): no exact peer -> task fallback over j0, j1, j2, k0: (3 * 4 + 9) / 4, not shrunk.
+    assert plain[1] == shrunk[1] == pytest.approx((3 * 4 + 9) / 4)
+    # Query (k, a): peers i0 (mass 1, 1) and j0, j2 (mass 2, mean 3.5): B = 8/3, J = 2;
+    # b_task(k) = mean(1, 2, 3, 5, 4) = 3.
+    assert plain[5] == pytest.approx(8 / 3)
+    assert shrunk[5] == pytest.approx((2 * 8 / 3 + 2 * 3.0) / 4)
+    # Query (j, c): fallback again (nobody else saw c).
+    assert shrunk[3] == plain[3]
+    with pytest.raises(ValueError, match="kappa"):
+        readout(sb, phi, target, kappa=-1.0)
+
+
+def test_kappa_reaches_the_historical_credit():
+    """gamma = 1, no invalid actions: Y = R; C^H = Y - b[Y] with the shrunk baseline (by hand)."""
+    rows = [
+        ("x", "i", 0, 1, "a", 1.0, False),
+        ("x", "j", 0, 1, "a", 0.0, False),
+        ("x", "k", 0, 2, "a", 1.0, False),
+        ("x", "k", 1, 2, "b", 1.0, False),
+    ]
+    phi = np.random.default_rng(1).normal(size=(4, 3))
+    kw = dict(gamma=1.0, kernel="uniform", final_standardize=False, future_weight=0.0)
+    out = contextual_credit_from_features(batch(rows), phi, kappa=2.0, **kw)
+    # i: B = (0 + 1) / 2, b_task = mean(0, 1, 1) = 2/3 -> b = 7/12. j: B = 1, b_task = 1.
+    # k0: B = 0.5, b_task = mean(1, 0) = 0.5. k1: fallback B = 0.5, unshrunk.
+    np.testing.assert_allclose(out.historical, [1 - 7 / 12, -1.0, 0.5, 0.5])
+    paper = contextual_credit_from_features(batch(rows), phi, **kw)
+    np.testing.assert_allclose(paper.historical, [0.5, -1.0, 0.5, 0.5])
+
+
+def test_episode_channel_center_keeps_reward_units():
+    """e = R - eta 1[invalid]; center: e - mean over the task's rows; zscore divides by (s + 1e-6)."""
+    rows = [
+        ("x", "i", 0, 2, "a", 1.0, False),
+        ("x", "i", 1, 2, "b", 1.0, True),
+        ("x", "j", 0, 1, "a", 0.0, False),
+        ("y", "k", 0, 1, "a", 1.0, False),  # a one-row task: no episode credit
+    ]
+    phi = np.random.default_rng(2).normal(size=(4, 3))
+    e = np.array([1.0, 0.9, 0.0])
+    center = contextual_credit_from_features(batch(rows), phi, episode_adv_norm="center", episode_weight=1.0)
+    np.testing.assert_allclose(center.episode, [*(e - e.mean()), 0.0])
+    z = contextual_credit_from_features(batch(rows), phi)
+    np.testing.assert_allclose(z.episode, [*((e - e.mean()) / (e.std(ddof=1) + 1e-6)), 0.0])
+    np.testing.assert_allclose(center.advantage, center.historical + center.future + center.episode)
+    with pytest.raises(ValueError, match="episode_adv_norm"):
+        contextual_credit_from_features(batch(rows), phi, episode_adv_norm="scale")
+
+
+def test_ccpo_estimator_takes_the_released_recipe_options():
+    groups = _groups()
+    h = np.random.default_rng(3).standard_normal((12, 8))
+    opts = dict(kappa=2.0, episode_adv_norm="center", episode_weight=1.0)
+    out = get_estimator("ccpo")(groups, hidden=h, obs_key="state", **opts)
+    adv = contextual_credit(step_batch_from_groups(groups), h, **opts).advantage
+    assert not np.allclose(
+        adv, contextual_credit(step_batch_from_groups(groups), h, episode_weight=1.0).advantage
+    )
+    flat = [arr for r in out for seg in r for arr in seg]
+    for k, arr in enumerate(flat):
+        assert np.all(arr == adv[k])

@@ -14,6 +14,13 @@ For each unique step ``(i, t)`` of task ``x`` with observation ``o_{i,t}``:
   ``B[r] = sum_j M_j mu_j / max(sum_j M_j, 1e-12)``.
 - Targets: ``Y_{i,t} = gamma^(T_i-1-t) R_i - eta 1[invalid]`` and
   ``Z_{i,s} = gamma^(T_i-s) R_i``.
+- Credibility shrinkage (released-code option, off by default: ``kappa = 0`` is the paper text):
+  for a query with exact-observation peers in ``J`` distinct other trajectories,
+  ``b = (J B[r] + kappa b_task[r]) / (J + kappa)`` with ``b_task[r]`` the unweighted mean of
+  ``r`` over every step of the task's *other* trajectories; fallback readouts are not shrunk.
+  It applies to both readouts (``B[Y]`` and ``V = B[Z]``). Source: an earlier arm of the
+  authors' repository (``tracyhann/agent-context-grpo``, ``ccpo/core_ccpo.py``, kappa = 2);
+  docs/released_recipes.md.
 - Historical credit (Eq. 5): ``C^H = Y - B[Y]``.
 - Future credit (Eqs. 6-7): ``V_{i,s} = B_{i,s}[Z]`` (``s < T_i``), ``V_{i,T_i} = R_i``;
   ``t+ = min(t + horizon, T_i)``, ``dV = V_{i,t+} - V_{i,t}`` where both endpoints
@@ -23,7 +30,8 @@ For each unique step ``(i, t)`` of task ``x`` with observation ``o_{i,t}``:
   counted), ``sigma = s(C^H + C^F) + 1e-6``, ``A^d = (C^d - mean^d) / sigma`` and
   ``A^CC = A^H + A^F`` (a single supported row gets 0); ``final_standardize=False``
   keeps ``A^d = C^d``. Episode channel (App. C.3): ``e = R - eta 1[invalid]``
-  standardized over all restored task rows, added with ``episode_weight``.
+  standardized over all restored task rows (``episode_adv_norm="zscore"``; ``"center"``: only
+  ``e - mean_x e``, in reward units, the authors' WebShop protocol), added with ``episode_weight``.
 
 Identical step rows (same task, trajectory and step) are merged before features,
 readouts and the future-credit standardization and restored at the end (App. C).
@@ -54,6 +62,7 @@ from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
 
 KERNELS = ("exp", "cosine", "uniform")
+EPISODE_NORMS = ("zscore", "center")
 WEIGHT_FLOOR = 1e-12
 MEDIAN_FLOOR = 1e-9
 STD_EPS = 1e-6
@@ -128,6 +137,7 @@ def peer_readout(
     kernel_scale: float = 0.15,
     kernel: str = "exp",
     exclude_self: bool = True,
+    kappa: float = 0.0,
 ) -> PeerReadout:
     """Contextual readouts ``B[r]`` of the columns of ``targets`` for every row (paper Eqs. 2-4, App. C.2).
 
@@ -136,9 +146,12 @@ def peer_readout(
     (``w = max(cos(phi_q, phi_p), 0)``, our reconstruction of the paper's
     "cosine-based weighting" ablation). ``exclude_self=False`` is the "w/o
     self-trajectory peer exclusion" ablation: exact peers include the query's own
-    trajectory and the query itself. ``bandwidth`` is ``tau_B`` (NaN where
-    unsupported). One pass per task; no loop over peers.
+    trajectory and the query itself. ``kappa > 0`` shrinks each exact-peer readout toward the
+    task baseline, ``(J B + kappa b_task) / (J + kappa)`` (module docstring). ``bandwidth`` is
+    ``tau_B`` (NaN where unsupported). One pass per task; no loop over peers.
     """
+    if not kappa >= 0.0:
+        raise ValueError(f"kappa must be >= 0, got {kappa}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     targets = np.asarray(targets, dtype=np.float64)
@@ -180,9 +193,18 @@ def peer_readout(
         mass = w @ onehot  # M_j per query
         denom = np.maximum(mass, WEIGHT_FLOOR)
         total = np.maximum(mass.sum(axis=1), WEIGHT_FLOOR)
+        if kappa > 0:
+            # J: distinct other trajectories at the query's exact observation; fallback rows keep lam = 1.
+            n_traj = ((same_obs & other).astype(np.float64) @ onehot > 0).sum(axis=1)
+            lam = np.where(has_exact, n_traj / (n_traj + kappa), 1.0)
+            n_other = np.maximum(other.sum(axis=1), 1)
         for k in range(targets.shape[1]):
             traj_mean = (w @ (onehot * targets[idx, k][:, None])) / denom  # mu_j
-            values[idx, k] = np.where(sup, (mass * traj_mean).sum(axis=1) / total, 0.0)
+            readout = (mass * traj_mean).sum(axis=1) / total
+            if kappa > 0:
+                task_base = (other @ targets[idx, k]) / n_other  # b_task: other trajectories' steps
+                readout = lam * readout + (1.0 - lam) * task_base
+            values[idx, k] = np.where(sup, readout, 0.0)
         supported[idx] = sup
         fallback[idx] = sup & ~has_exact
         bandwidth[idx] = np.where(sup, tau, np.nan)
@@ -201,6 +223,27 @@ def _grouped_z(values: np.ndarray, groups: np.ndarray, mask: np.ndarray, weights
     Rows outside ``mask``, groups with total weight < 2 and groups whose values
     are all equal get 0.
     """
+    centered = _grouped_center(values, groups, mask, weights)
+    if not np.any(mask):
+        return centered
+    g, c = groups[mask], weights[mask].astype(np.float64)
+    n_groups = int(groups.max()) + 1
+    cnt = np.bincount(g, weights=c, minlength=n_groups)
+    ss = np.bincount(g, weights=c * centered[mask] ** 2, minlength=n_groups)
+    ok = (cnt >= 2) & ~_constant(values, groups, mask)
+    std = np.sqrt(ss / np.maximum(cnt - 1.0, 1.0))
+    out = np.zeros(len(values))
+    out[mask] = np.where(ok[g], centered[mask] / (std[g] + STD_EPS), 0.0)
+    return out
+
+
+def _grouped_center(
+    values: np.ndarray, groups: np.ndarray, mask: np.ndarray, weights: np.ndarray
+) -> np.ndarray:
+    """``v - mean`` within each group over ``mask`` rows counted ``weights`` times (no scale).
+
+    Rows outside ``mask`` and groups with total weight < 2 get 0, as in :func:`_grouped_z`.
+    """
     out = np.zeros(len(values))
     if not np.any(mask):
         return out
@@ -208,10 +251,7 @@ def _grouped_z(values: np.ndarray, groups: np.ndarray, mask: np.ndarray, weights
     n_groups = int(groups.max()) + 1
     cnt = np.bincount(g, weights=c, minlength=n_groups)
     mean = np.bincount(g, weights=c * v, minlength=n_groups) / np.maximum(cnt, 1.0)
-    ss = np.bincount(g, weights=c * (v - mean[g]) ** 2, minlength=n_groups)
-    ok = (cnt >= 2) & ~_constant(values, groups, mask)
-    std = np.sqrt(ss / np.maximum(cnt - 1.0, 1.0))
-    out[mask] = np.where(ok[g], (v - mean[g]) / (std[g] + STD_EPS), 0.0)
+    out[mask] = np.where(cnt[g] >= 2, v - mean[g], 0.0)
     return out
 
 
@@ -233,6 +273,8 @@ def contextual_credit(
     exclude_self: bool = True,
     history_weight: float = 1.0,
     future_weight: float = 1.0,
+    kappa: float = 0.0,
+    episode_adv_norm: str = "zscore",
 ) -> ContextualCredit:
     """CCPO step advantages for the rows of ``steps`` from frozen-model states ``hidden`` [N, D].
 
@@ -240,8 +282,9 @@ def contextual_credit(
     ``tau_B = 0.15 m~_B``, ``eta = 0.1``). Ablation switches (App. B, Table S3):
     ``kernel="uniform"|"cosine"``, ``summary_weight=0`` (w/o context summary),
     ``exclude_self=False``, ``history_weight=0`` (future only), ``future_weight=0``
-    (history only). ``episode_weight=1`` is the ``A_CC + A_EP`` variant. See the
-    module docstring for every formula.
+    (history only). ``episode_weight=1`` is the ``A_CC + A_EP`` variant. Released-code options
+    (docs/released_recipes.md): ``kappa`` (credibility shrinkage; 0 = paper text) and
+    ``episode_adv_norm="center"``. See the module docstring for every formula.
     """
     if len(steps) == 0:
         return _empty()
@@ -251,7 +294,8 @@ def contextual_credit(
         unique, merge_duplicates(hidden, first, inverse, counts), summary_weight=summary_weight
     )
     return _credit(unique, phi, inverse, counts, gamma, horizon, kernel_scale, eta, final_standardize,
-                   episode_weight, kernel, exclude_self, history_weight, future_weight)  # fmt: skip
+                   episode_weight, kernel, exclude_self, history_weight, future_weight, kappa,
+                   episode_adv_norm)  # fmt: skip
 
 
 def contextual_credit_from_features(
@@ -268,6 +312,8 @@ def contextual_credit_from_features(
     exclude_self: bool = True,
     history_weight: float = 1.0,
     future_weight: float = 1.0,
+    kappa: float = 0.0,
+    episode_adv_norm: str = "zscore",
 ) -> ContextualCredit:
     """:func:`contextual_credit` with precomputed context features ``phi`` [N, F] instead of hidden states."""
     if len(steps) == 0:
@@ -276,7 +322,7 @@ def contextual_credit_from_features(
     phi = merge_duplicates(features, first, inverse, counts)
     return _credit(steps.take(first), phi, inverse, counts, gamma, horizon, kernel_scale, eta,
                    final_standardize, episode_weight, kernel, exclude_self, history_weight,
-                   future_weight)  # fmt: skip
+                   future_weight, kappa, episode_adv_norm)  # fmt: skip
 
 
 def _empty() -> ContextualCredit:
@@ -299,7 +345,11 @@ def _credit(
     exclude_self: bool,
     history_weight: float,
     future_weight: float,
+    kappa: float,
+    episode_adv_norm: str,
 ) -> ContextualCredit:
+    if episode_adv_norm not in EPISODE_NORMS:
+        raise ValueError(f"episode_adv_norm must be one of {EPISODE_NORMS}, got {episode_adv_norm!r}")
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
     if kernel_scale <= 0:
@@ -312,7 +362,8 @@ def _credit(
     y = gamma ** (big_t - 1 - t) * r - penalty
     z = gamma ** (big_t - t) * r
     ro = peer_readout(phi, task, traj, factorize(u.observations), np.stack([y, z], axis=1),
-                      kernel_scale=kernel_scale, kernel=kernel, exclude_self=exclude_self)  # fmt: skip
+                      kernel_scale=kernel_scale, kernel=kernel, exclude_self=exclude_self,
+                      kappa=kappa)  # fmt: skip
     sup = ro.supported
     c_hist = np.where(sup, y - ro.values[:, 0], 0.0)
     # Future credit: V at both endpoints; the terminal endpoint is R_i.
@@ -335,7 +386,11 @@ def _credit(
         a_hist, a_fut = _shared_scale(c_hist, c_fut, task, sup, counts)
     else:
         a_hist, a_fut = c_hist, c_fut
-    episode = _grouped_z(r - penalty, task, np.ones(len(u), bool), counts)
+    everyone = np.ones(len(u), bool)
+    if episode_adv_norm == "zscore":
+        episode = _grouped_z(r - penalty, task, everyone, counts)
+    else:
+        episode = _grouped_center(r - penalty, task, everyone, counts)
     adv = a_hist + a_fut + episode_weight * episode
     return ContextualCredit(
         advantage=adv[inverse],
@@ -395,6 +450,8 @@ def ccpo(
     exclude_self: bool = True,
     history_weight: float = 1.0,
     future_weight: float = 1.0,
+    kappa: float = 0.0,
+    episode_adv_norm: str = "zscore",
     obs_key: str = "text",
 ) -> TokenAdvantages:
     """CCPO: contextual step credit from observation-matched peers, on every response token of the step.
@@ -425,6 +482,8 @@ def ccpo(
         exclude_self=exclude_self,
         history_weight=history_weight,
         future_weight=future_weight,
+        kappa=kappa,
+        episode_adv_norm=episode_adv_norm,
     )
     side_info.record_turn_columns(
         groups,

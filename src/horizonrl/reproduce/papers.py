@@ -197,6 +197,15 @@ def ccpo() -> Paper:
                 help="verl-agent GRPO over step rows with the invalid-action penalty",
             ),
             Arm(
+                "ccpo_kappa",
+                (
+                    "algo.estimator=ccpo",
+                    f"algo.estimator_params={{eta: {_ETA}, obs_key: text, kappa: 2.0}}",
+                ),
+                help="released-code recipe: contextual baselines shrunk toward the task baseline, kappa = 2 "
+                "(docs/released_recipes.md)",
+            ),
+            Arm(
                 "ccpo_state",
                 ("algo.estimator=ccpo", f"algo.estimator_params={{eta: {_ETA}, obs_key: state}}"),
                 help="ablation: peers matched on the hidden world state (perfect anchors)",
@@ -207,6 +216,7 @@ def ccpo() -> Paper:
             Comparison("gigpo", "grpo", "GiGPO > GRPO"),
             Comparison("ccpo", "grpo", "CCPO > GRPO"),
             Comparison("ccpo", "ccpo_state", "text peers vs perfect (state) anchors"),
+            Comparison("ccpo_kappa", "ccpo", "kappa = 2 shrinkage vs the paper's readout"),
         ),
         budget_tokens=150_000,
         eval_temperature=0.4,  # the paper's validation temperature
