@@ -281,12 +281,38 @@ def test_one_success_among_overlong_rollouts_is_credited():
     assert all(np.all(t == 0) for r in echo_mod.echo([g], overlong="exclude") for s in r for t in s)
 
 
+def test_authors_group_baseline_population_std_without_overlong():
+    """The released recipe: overlong rollouts leave the statistics, population std (ddof = 0)."""
+    g = _group([1, 0, 1, 0], ["done", "done", "overlong", "done"])
+    g.rollouts[2].segments[-1].info = {}
+    adv = echo_mod.echo([g], sign_rule="signed", overlong="exclude", std_ddof=0)
+    sd = math.sqrt(2) / 3  # population std of the valid rewards [1, 0, 0]: sqrt(((2/3)^2 + 2 (1/3)^2) / 3)
+    assert adv[0][2][0].tolist() == [pytest.approx((2 / 3) / (sd + 1e-6))] * 4
+    assert adv[1][2][0].tolist() == [pytest.approx((-1 / 3) / (sd + 1e-6))] * 4
+    assert all(np.all(t == 0) for s in adv[2] for t in s)
+    # Fewer than two valid rollouts left: no update for anyone.
+    lone = _group([1, 1, 0], ["done", "overlong", "overlong"])
+    for r in lone.rollouts[1:]:
+        r.segments[-1].info = {}
+    assert all(
+        np.all(t == 0) for r in echo_mod.echo([lone], overlong="exclude", std_ddof=0) for s in r for t in s
+    )
+    with pytest.raises(ValueError, match="std_ddof"):
+        echo_mod.echo([g], std_ddof=2)
+
+
 def test_registry_wiring():
     spec = get_estimator("echo")
     assert spec.loss_agg_mode == "token-mean"
-    assert {"sign_rule", "dense", "invalid_terminations", "overlong", "normalize_std", "eps"} == set(
-        spec.params
-    )
+    assert {
+        "sign_rule",
+        "dense",
+        "invalid_terminations",
+        "overlong",
+        "normalize_std",
+        "eps",
+        "std_ddof",
+    } == set(spec.params)
     groups = [_group([1, 0]), Group("h", "t2", [_single_segment("s", 1.0)])]
     out = spec(groups, sign_rule="signed")
     assert len(out) == 3

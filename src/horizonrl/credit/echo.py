@@ -217,6 +217,7 @@ def echo(
     overlong: str = "failure",
     normalize_std: bool = True,
     eps: float = 1e-6,
+    std_ddof: int = 1,
 ) -> TokenAdvantages:
     """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
 
@@ -227,9 +228,12 @@ def echo(
       "treated as unsuccessful"), failures *in* the baseline with reward 0, and get 0 on their own
       tokens; ``overlong="exclude"`` leaves them out of the baseline as well (1 success + 7 overlong
       then gives no update at all).
+    - ``std_ddof``: 1 (sample std, the paper's GRPO) or 0 (population std). The authors' released
+      group baseline is ``overlong="exclude", std_ddof=0``: overlong rollouts leave the statistics
+      while at least two valid ones remain, else the group gets no update (docs/released_recipes.md).
     - ``sign_rule="positive"`` (the paper, Eq. 14): ``max(A, 0)``, so tied, below-baseline and
-      all-correct / all-wrong groups give zero update. ``"signed"``: ``A`` itself (the paper's
-      released code).
+      all-correct / all-wrong groups give zero update. ``"signed"``: ``A`` itself (the authors' older
+      released code; their newer code takes the positive part, as the paper does).
     - ``mu``: :func:`echo_token_mask`; ``dense=True`` credits every generated token (the paper's
       "w/o Traceable CA" ablation is ``dense=True, sign_rule="signed"``: plain GRPO over ECHO rollouts).
 
@@ -238,6 +242,8 @@ def echo(
     """
     if sign_rule not in SIGN_RULES:
         raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {sign_rule!r}")
+    if std_ddof not in (0, 1):
+        raise ValueError(f"std_ddof must be 0 (population std) or 1 (sample std), got {std_ddof!r}")
     if overlong not in OVERLONG_RULES:
         raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {overlong!r}")
     bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
@@ -247,7 +253,7 @@ def echo(
     for group in groups:
         valid = [r.termination not in bad for r in group.rollouts]
         rewards = [0.0 if r.termination == "overlong" else r.reward for r in group.rollouts]
-        adv = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps)
+        adv = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps, ddof=std_ddof)
         if sign_rule == "positive":
             adv = np.maximum(adv, 0.0)
         trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]

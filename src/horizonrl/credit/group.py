@@ -32,7 +32,7 @@ def _degenerate(r: np.ndarray) -> bool:
 
 
 def group_advantage(
-    rewards: ArrayLike | Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: ArrayLike | Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6, ddof: int = 1
 ) -> np.ndarray:
     """GRPO / Dr.GRPO advantage of each rollout of one group.
 
@@ -46,7 +46,8 @@ def group_advantage(
         A_i = R_i - mean(R)
 
     A group of one rollout, or a group whose rewards are all equal, gets ``A = 0``
-    exactly (spec/baselines.md). Non-finite rewards raise ``ValueError``.
+    exactly (spec/baselines.md). Non-finite rewards raise ``ValueError``. ``ddof=0`` uses the
+    population std (ECHO's released code).
     """
     r = _as_rewards(rewards)
     if _degenerate(r):
@@ -54,7 +55,7 @@ def group_advantage(
     centered = r - r.mean()
     if not normalize_std:
         return centered
-    return centered / (r.std(ddof=1) + eps)
+    return centered / (r.std(ddof=ddof) + eps)
 
 
 def rloo_advantage(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
@@ -73,7 +74,12 @@ def rloo_advantage(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
 
 
 def valid_group_advantage(
-    rewards: Sequence[float], valid: Sequence[bool], *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: Sequence[float],
+    valid: Sequence[bool],
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    ddof: int = 1,
 ) -> np.ndarray:
     """GRPO over the valid rollouts of one group; invalid rollouts get 0.
 
@@ -81,7 +87,8 @@ def valid_group_advantage(
     overlong ones (spec/baselines.md).
 
     ``A_i = (R_i - mean_V R) / (std_V R + eps)`` for ``i in V`` (sample std over the valid set
-    ``V``; fewer than two valid rollouts, or equal valid rewards, give 0), ``A_i = 0`` otherwise.
+    ``V``, population std with ``ddof=0``; fewer than two valid rollouts, or equal valid rewards,
+    give 0), ``A_i = 0`` otherwise.
     """
     r = np.asarray(rewards, dtype=np.float64)
     v = np.asarray(valid, dtype=bool)
@@ -89,5 +96,5 @@ def valid_group_advantage(
         raise ValueError(f"got {r.size} rewards and {v.size} validity flags")
     out = np.zeros_like(r)
     if v.any():
-        out[v] = group_advantage(r[v], normalize_std=normalize_std, eps=eps)
+        out[v] = group_advantage(r[v], normalize_std=normalize_std, eps=eps, ddof=ddof)
     return out
