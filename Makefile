@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 # Pinned versions of every dependency (regenerate with `make lock`); pyproject.toml keeps lower bounds.
 LOCK   := requirements/lock.txt
-EXTRAS := test,smollm,lora,families,tensorboard,envs,serve,data,mcp,loggers,viewer
+EXTRAS := test,smollm,lora,families,tensorboard,envs,serve,data,mcp,loggers,viewer,hubs
 
 .PHONY: venv quickstart quickstart-check test test-slow test-vllm test-distributed lint format bench lock clean system-deps
 

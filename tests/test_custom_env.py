@@ -355,3 +355,31 @@ def test_sft_and_eval_recipes_take_the_example_from_its_config(tiny_model_dir, t
     assert {t["function"]["name"] for t in demos[0]["tools"]} == {"rooms", "count"}
     result = evaluate_model(cfg, out)
     assert 0.0 <= result["eval/pass@1"] <= 1.0
+
+
+def test_the_cli_imports_env_imports_before_checking_env_name(tiny_model_dir, tmp_path):
+    """A fresh process (nothing imported yet): `horizonrl train -c examples/custom_env/config.yaml` must
+    import the example's module before looking up env.name (it once failed with 'unknown environment')."""
+    import subprocess
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "horizonrl.cli",
+        "train",
+        "-c",
+        "examples/custom_env/config.yaml",
+        f"model.path={tiny_model_dir}",
+        "train.steps=1",
+        "train.eval_samples=1",
+        "env.test_tasks=1",
+        "rollout.group_size=2",
+        "rollout.tasks_per_step=1",
+        "rollout.max_new_tokens=8",
+        "rollout.max_turns=1",
+        "train.progress=false",
+        f"train.out_dir={tmp_path / 'run'}",
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()

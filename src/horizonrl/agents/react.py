@@ -84,6 +84,8 @@ def apply_result(turn: Turn, result: StepResult) -> None:
     turn.invalid = result.invalid
     turn.tool_calls = result.tool_calls
     turn.observation = result.observation if not result.done else (result.observation or None)
+    if result.info.get("env_error"):
+        turn.info["env_error"] = str(result.info["env_error"])
 
 
 def episode_program(

@@ -3,7 +3,8 @@
 Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``,
 the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python``
 (reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments,
-``qa`` (single-turn answers to file tasks) and ``mcp`` (the tools of a local MCP server).
+``qa`` (single-turn answers to file tasks), ``mcp`` (the tools of a local MCP server) and ``gym``
+(any gymnasium-style ``reset``/``step`` text environment, :mod:`horizonrl.envs.gym_text`).
 User environments subclass :class:`CustomEnv` with ``@tool`` methods (``docs/custom_env.md``)::
 
     from horizonrl.envs import get_env
@@ -16,6 +17,7 @@ from horizonrl.envs.arithmetic import ArithmeticEnv
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.common import ToolEnv
 from horizonrl.envs.custom import CustomEnv, QAEnv, ToolError, tool
+from horizonrl.envs.gym_text import GymTextEnv  # registers "gym"; gymnasium loads only for knob 'id'
 from horizonrl.envs.household import HouseholdEnv  # registers "household"; textworld loads on first use
 from horizonrl.envs.lookup import LookupEnv
 from horizonrl.envs.math_tool import (
@@ -40,6 +42,7 @@ __all__ = [
     "ArithmeticEnv",
     "CustomEnv",
     "Env",
+    "GymTextEnv",
     "HouseholdEnv",
     "LookupEnv",
     "MCPEnv",

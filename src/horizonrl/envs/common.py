@@ -65,6 +65,19 @@ def check_noise(noise: Any) -> float:
     return float(noise)
 
 
+def fill_knobs(
+    env: str, defaults: dict[str, Any], knobs: dict[str, Any], check: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """``defaults`` updated with ``knobs``, then ``check``-ed; ValueError naming an unknown knob."""
+    for k in knobs:
+        if k not in defaults:
+            known = ", ".join(defaults) or "none"
+            raise ValueError(f"{env}: unknown knob {k!r}; known knobs: {known}")
+    full = {**defaults, **knobs}
+    check(full)
+    return full
+
+
 def split_of(key: str) -> str:
     """``test`` for the 20% of keys whose SHA-256 falls in the test bucket, else ``train``."""
     bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16**8
@@ -135,13 +148,7 @@ class ToolEnv(Env):
     @classmethod
     def validate_knobs(cls, knobs: dict[str, Any]) -> dict[str, Any]:
         """``knobs`` with defaults filled in; ValueError naming any unknown or bad knob."""
-        for k in knobs:
-            if k not in cls.KNOBS:
-                known = ", ".join(cls.KNOBS) or "none"
-                raise ValueError(f"{cls.name}: unknown knob {k!r}; known knobs: {known}")
-        full = {**cls.KNOBS, **knobs}
-        cls._check_knobs(full)
-        return full
+        return fill_knobs(cls.name, cls.KNOBS, knobs, cls._check_knobs)
 
     @classmethod
     def _check_knobs(cls, knobs: dict[str, Any]) -> None:

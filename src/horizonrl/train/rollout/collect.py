@@ -89,6 +89,8 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}rollout/response_tokens_mean": sum(r.num_response_tokens for r in rollouts) / n,
         f"{prefix}rollout/tool_calls_mean": sum(t.tool_calls for t in turns) / n,
         f"{prefix}rollout/invalid_turn_rate": sum(t.invalid for t in turns) / nt,
+        # An environment that raised or returned a non-number reward (StepResult.info["env_error"]).
+        f"{prefix}rollout/env_error_rate": sum("env_error" in t.info for t in turns) / nt,
         f"{prefix}rollout/truncated_turn_rate": sum(t.truncated for t in turns) / nt,
         f"{prefix}rollout/context_overflow_rate": term.count("context") / n,
         f"{prefix}rollout/max_turns_rate": term.count("max_turns") / n,

@@ -70,12 +70,19 @@ class EnvSetup:
         return [pool[i] for i in keep]
 
 
-def env_setup(cfg: EnvConfig, *, run_dir: str | Path | None = None) -> EnvSetup:
-    """Build the :class:`EnvSetup` of ``cfg`` (``run_dir``: where the judge cache goes by default)."""
+def import_env_imports(imports: str | list) -> None:
+    """Import the modules of ``env.imports`` (they register environments, rewards, gymnasium ids);
+    ConfigError (one line) when one cannot be imported. The run checks call it before looking up
+    ``env.name``."""
     try:
-        import_env_modules(cfg.imports)
+        import_env_modules(imports)
     except UserImportError as e:
         raise ConfigError(str(e)) from None
+
+
+def env_setup(cfg: EnvConfig, *, run_dir: str | Path | None = None) -> EnvSetup:
+    """Build the :class:`EnvSetup` of ``cfg`` (``run_dir``: where the judge cache goes by default)."""
+    import_env_imports(cfg.imports)
     cls = get_env(cfg.name, field="env.name")
     try:
         knobs = resolve_knobs(dict(cfg.knobs))

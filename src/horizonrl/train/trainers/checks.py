@@ -127,6 +127,9 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
             f"built-in trainers; rollout.agent={r.agent!r}, train.trainer={cfg.train.trainer!r} builds its "
             "own prompts"
         )
+    from horizonrl.train.rollout.env_setup import import_env_imports
+
+    import_env_imports(cfg.env.imports)
     check_env_knobs(cfg.env.name, dict(cfg.env.knobs))
     if cfg.inference.engine not in ENGINES:  # membership only: a lazy engine's module is not imported
         raise UnknownNameError(ENGINES.unknown(cfg.inference.engine, field="inference.engine"))
