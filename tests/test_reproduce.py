@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +78,16 @@ def _paper(**kw) -> Paper:
     return Paper(**base)
 
 
+def test_mid_evaluation_is_opt_in():
+    from horizonrl.reproduce.runner import arm_items
+
+    paper = _paper()
+    arm = paper.arms[0]
+    off = arm_items(paper, Settings(seeds=1), arm, 0, Path("x"))
+    on = arm_items(paper, Settings(seeds=1, mid_eval=True), arm, 0, Path("x"))
+    assert "train.eval_fractions=[]" in off and "train.eval_fractions=[0.5]" in on
+
+
 def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
     paper = _paper()
     logs: list[str] = []
@@ -90,6 +101,7 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
             assert 0 < s["generated_tokens"] <= 300
             assert s["rollouts"] > 0 and s["trainable_tokens"] > 0
             assert s["curve"][-1]["pass@1"] == s["pass@1"]
+            assert len(s["curve"]) == 1  # the end only: no mid evaluation without --mid-eval
             assert len(s["per_task"][-1]) == 6
     # Both arms share the start evaluation (same policy, agent and evaluation draws).
     assert res["arms"]["grpo"]["start"] == res["arms"]["rloo"]["start"]

@@ -136,6 +136,7 @@ def _cmd_reproduce(args) -> int:
         overrides=tuple(args.set or ()),
         budget_tokens=args.budget,
         eval_tasks=args.eval_tasks,
+        mid_eval=args.mid_eval,
         force=args.force,
     )
     if settings.arms:
@@ -432,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--results", default="docs/results", help="where NAME.md/.json/.png go ('none': skip)")
     sp.add_argument("--budget", type=int, default=None, help="generated tokens per arm-seed")
     sp.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per evaluation")
+    sp.add_argument(
+        "--mid-eval", action="store_true", help="also evaluate after half the budget (default: start and end)"
+    )
     sp.add_argument("--set", action="append", help="section.field=value applied to every stage (repeatable)")
     sp.add_argument("--force", action="store_true", help="run even if the warm-start gate or a check fails")
     sp.add_argument("--report-only", action="store_true", help="rebuild the page from finished runs")

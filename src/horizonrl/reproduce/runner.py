@@ -45,6 +45,9 @@ class Settings:
     overrides: tuple[str, ...] = ()  # appended to every stage (e.g. a smaller model for a smoke run)
     budget_tokens: int | None = None
     eval_tasks: int | None = None
+    #: also evaluate after half the budget (the page's "mid" column); off by default since issue 27:
+    #: a held-out evaluation costs about as many generated tokens as a third of an arm's training
+    mid_eval: bool = False
     force: bool = False
     log: Any = field(default=print, repr=False)
 
@@ -106,7 +109,7 @@ def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Pa
         f"train.out_dir={out_dir}",
         f"train.steps={paper.max_steps}",
         f"train.max_gen_tokens={budget_of(paper, settings)}",
-        "train.eval_fractions=[0.5]",
+        f"train.eval_fractions={'[0.5]' if settings.mid_eval else '[]'}",
         "train.eval_every=0",
         "train.eval_at_start=false",
         "train.save_every=0",
