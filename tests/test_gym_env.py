@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections import defaultdict
 
-import numpy as np
 import pytest
 
 import gym_games  # registers HorizonLetters-v0 with gymnasium
@@ -14,6 +12,7 @@ from horizonrl.config import load_config
 from horizonrl.envs import get_env
 from horizonrl.envs.gym_text import step_outcome
 from horizonrl.errors import ConfigError
+from hub_support import annotated, assert_token_exact_grpo, train_steps
 
 LETTERS = {"id": "HorizonLetters-v0", "kwargs": {"letters": 2, "max_steps": 2}}
 COUNTER = {"entry": "gym_games:make_counter", "action_pattern": r"\[(.*?)\]"}
@@ -139,84 +138,26 @@ def test_rtpo_refuses_a_game_without_snapshots(tiny_model_dir, tmp_path):
         ReverseTurnTrainer(cfg)
 
 
-def _train(tiny_model_dir, tmp_path, knobs: str, *extra: str):
-    from horizonrl.train.records.metrics import read_metrics
-    from horizonrl.train.trainers.group import GroupTrainer
-
-    cfg = load_config(
-        None,
-        [
-            f"model.path={tiny_model_dir}",
-            "env.name=gym",
-            f"env.knobs={knobs}",
-            "env.imports=[gym_games]",
-            "rollout.group_size=4",
-            "rollout.tasks_per_step=2",
-            "rollout.max_new_tokens=12",
-            "rollout.max_turns=3",
-            "rollout.context_budget=768",
-            "rollout.temperature=1.0",
-            "train.steps=2",
-            "train.eval_samples=1",
-            "env.test_tasks=2",
-            "train.progress=false",
-            f"train.out_dir={tmp_path}",
-            *extra,
-        ],
-    )
-    GroupTrainer(cfg).fit()
-    return read_metrics(tmp_path)
-
-
-def _annotated(run_dir, step):
-    from horizonrl.train.records.rollout_log import token_advantages
-    from horizonrl.trajectory.io import loads_rollout
-
-    out = []
-    for line in (run_dir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        rollout = loads_rollout(line)
-        out.append((rollout, token_advantages(rollout, rec["credit"])))
-    return out
-
-
 def test_grpo_trains_on_a_gymnasium_game_token_exact_and_credits_its_rewards(tiny_model_dir, tmp_path):
     from horizonrl.viz.data import Run, step_payload
 
-    metrics = _train(tiny_model_dir, tmp_path, json.dumps(LETTERS))
-    for m in metrics[1:]:
-        assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3
-        assert m["rollout/env_error_rate"] == 0.0
-    for step in (1, 2):
-        annotated = _annotated(tmp_path, step)
-        groups = defaultdict(list)
-        for rollout, adv in annotated:
-            # the outcome is the episode's return: the sum of the game's per-step rewards
-            assert rollout.reward == pytest.approx(sum(t.reward for t in rollout.turns))
-            assert all(t.obs_key == t.observation for t in rollout.turns if t.observation)
-            groups[rollout.group_id].append((rollout, adv))
-        rewards = [r.reward for r, _ in annotated]
-        assert np.mean(rewards) == pytest.approx(metrics[step]["reward/mean"])
-        for members in groups.values():
-            r = np.array([ro.reward for ro, _ in members])
-            want = (r - r.mean()) / (r.std(ddof=1) + 1e-6)  # GRPO, by hand
-            for (_, adv), a in zip(members, want, strict=True):
-                for tok in (x for seg in adv for x in seg if x is not None):
-                    assert np.allclose(tok, a, atol=1e-6)
-    assert any(r.reward > 0 for r, _ in _annotated(tmp_path, 1) + _annotated(tmp_path, 2))
-    view = step_payload(Run(tmp_path), "step_2")
-    assert len(view["R"]) == 8
+    metrics = train_steps(tiny_model_dir, tmp_path, "gym", LETTERS, "env.imports=[gym_games]")
+    assert all(m["rollout/env_error_rate"] == 0.0 for m in metrics[1:])
+    rollouts = [r for r, _ in assert_token_exact_grpo(tmp_path, metrics)]
+    assert any(r.reward > 0 for r in rollouts)
+    assert all(t.obs_key == t.observation for r in rollouts for t in r.turns if t.observation)
+    assert len(step_payload(Run(tmp_path), "step_2")["R"]) == 8  # the viewer shows every rollout
 
 
 def test_a_step_credit_method_and_a_crashing_game_train(tiny_model_dir, tmp_path):
-    knobs = json.dumps({"entry": "gym_games:make_counter", "kwargs": {"goal": 2, "fail_at": 2}})
-    metrics = _train(tiny_model_dir, tmp_path, knobs, "algo.estimator=gigpo")
+    knobs = {"entry": "gym_games:make_counter", "kwargs": {"goal": 2, "fail_at": 2}}
+    metrics = train_steps(
+        tiny_model_dir, tmp_path, "gym", knobs, "env.imports=[gym_games]", "algo.estimator=gigpo"
+    )
     assert [m["step"] for m in metrics] == [0, 1, 2]
-    for m in metrics[1:]:
-        assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3
-    annotated = _annotated(tmp_path, 1)
-    crashed = [t for r, _ in annotated for t in r.turns if "env_error" in t.info]
-    turns = [t for r, _ in annotated for t in r.turns]
+    assert all(abs(m["train/ratio_geomean"] - 1.0) < 1e-3 for m in metrics[1:])
+    turns = [t for r, _ in annotated(tmp_path, 1) for t in r.turns]
+    crashed = [t for t in turns if "env_error" in t.info]
     assert crashed and metrics[1]["rollout/env_error_rate"] == pytest.approx(len(crashed) / len(turns))
     assert all(t.obs_key and t.obs_key.startswith("count ") for t in turns if "env_error" not in t.info)
 

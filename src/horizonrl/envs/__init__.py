@@ -3,8 +3,9 @@
 Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``,
 the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python``
 (reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments,
-``qa`` (single-turn answers to file tasks), ``mcp`` (the tools of a local MCP server) and ``gym``
-(any gymnasium-style ``reset``/``step`` text environment, :mod:`horizonrl.envs.gym_text`).
+``qa`` (single-turn answers to file tasks), ``mcp`` (the tools of a local MCP server), ``gym``
+(any gymnasium-style ``reset``/``step`` text environment, :mod:`horizonrl.envs.gym_text`) and
+``openenv`` (an OpenEnv environment server, :mod:`horizonrl.envs.openenv_client`).
 User environments subclass :class:`CustomEnv` with ``@tool`` methods (``docs/custom_env.md``)::
 
     from horizonrl.envs import get_env
@@ -24,6 +25,7 @@ from horizonrl.envs.math_tool import (
     MathPythonEnv,
 )  # registers "math_python"; reasoning-gym loads on first use
 from horizonrl.envs.mcp import MCPEnv  # registers "mcp"; the mcp SDK loads on first use
+from horizonrl.envs.openenv_client import OpenEnvEnv  # registers "openenv"; openenv-core loads on first use
 from horizonrl.envs.registry import get_env, import_env_modules, list_envs, make_env, register_env
 from horizonrl.envs.rooms import RoomsEnv
 from horizonrl.envs.search import SearchEnv  # registers "search"; bm25s/faiss/torch load on first use
@@ -47,6 +49,7 @@ __all__ = [
     "LookupEnv",
     "MCPEnv",
     "MathPythonEnv",
+    "OpenEnvEnv",
     "QAEnv",
     "RoomsEnv",
     "SearchEnv",

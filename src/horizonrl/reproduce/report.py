@@ -300,8 +300,9 @@ Every arm starts from one shared warm start and runs {st["seeds"]} seeds (the sa
 order, in every arm) until {st["budget_tokens"]:,} generated tokens (all engine calls; a phase predicted to
 overrun does not start, generation is clipped so it is never exceeded). Every evaluation uses the same
 {st["eval_tasks"]} held-out tasks x {st["eval_samples"]} sample(s) at temperature {st["eval_temperature"]},
-seed {st["eval_seed"]}; start = the warm start, mid = first evaluation after half the budget (runs with `--mid-eval`;
-"–" without), end = after the budget. Machine: {st["machine"]}, {st["jobs"]} run(s) in parallel, one torch thread each.
+seed {st["eval_seed"]}; start = the warm start, mid = first evaluation after half the budget
+(runs with `--mid-eval`; "–" without), end = after the budget. Machine: {st["machine"]}, {st["jobs"]}
+run(s) in parallel, one torch thread each.
 
 {res.get("notes") or ""}
 {_carried_text(res)}
