@@ -278,7 +278,9 @@ def test_one_success_among_overlong_rollouts_is_credited():
     assert a == pytest.approx(2.4749, abs=1e-4)
     top = echo_mod.echo([g])[0]
     assert max(float(t.max()) for seg in top for t in seg) == pytest.approx(a)
-    assert all(np.all(t == 0) for r in echo_mod.echo([g], overlong="exclude") for s in r for t in s)
+    # the released rule: one valid rollout left, so the overlong ones stay in the baseline as failures
+    excl = echo_mod.echo([g], overlong="exclude")[0]
+    assert max(float(t.max()) for seg in excl for t in seg) == pytest.approx(a)
 
 
 def test_authors_group_baseline_population_std_without_overlong():
@@ -290,13 +292,19 @@ def test_authors_group_baseline_population_std_without_overlong():
     assert adv[0][2][0].tolist() == [pytest.approx((2 / 3) / (sd + 1e-6))] * 4
     assert adv[1][2][0].tolist() == [pytest.approx((-1 / 3) / (sd + 1e-6))] * 4
     assert all(np.all(t == 0) for s in adv[2] for t in s)
-    # Fewer than two valid rollouts left: no update for anyone.
+    # One valid rollout left (Echo repository, core_algos.compute_supo_advantage, pass 2): the whole
+    # group is the baseline with the overlong rewards as 0: R = [1, 0, 0], population std sqrt(2)/3.
     lone = _group([1, 1, 0], ["done", "overlong", "overlong"])
     for r in lone.rollouts[1:]:
         r.segments[-1].info = {}
-    assert all(
-        np.all(t == 0) for r in echo_mod.echo([lone], overlong="exclude", std_ddof=0) for s in r for t in s
-    )
+    adv = echo_mod.echo([lone], overlong="exclude", std_ddof=0, sign_rule="signed")
+    assert adv[0][2][0].tolist() == [pytest.approx((2 / 3) / (sd + 1e-6))] * 4
+    assert all(np.all(t == 0) for r in adv[1:] for s in r for t in s)  # overlong rollouts themselves: 0
+    # no valid rollout at all: nobody is updated
+    none = _group([0, 0], ["overlong", "overlong"])
+    for r in none.rollouts:
+        r.segments[-1].info = {}
+    assert all(np.all(t == 0) for r in echo_mod.echo([none], overlong="exclude") for s in r for t in s)
     with pytest.raises(ValueError, match="std_ddof"):
         echo_mod.echo([g], std_ddof=2)
 
@@ -312,6 +320,12 @@ def test_registry_wiring():
         "normalize_std",
         "eps",
         "std_ddof",
+        "credit",
+        "gamma_turn",
+        "gamma_segment",
+        "graph_aggregation",
+        "graph_clip",
+        "neg_penalty",
     } == set(spec.params)
     groups = [_group([1, 0]), Group("h", "t2", [_single_segment("s", 1.0)])]
     out = spec(groups, sign_rule="signed")

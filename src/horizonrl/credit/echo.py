@@ -40,6 +40,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from horizonrl.credit import side_info
+from horizonrl.credit.echo_graph import (
+    AGGREGATIONS,
+    GraphCycleError,
+    graph_coefficients,
+    graph_weights,
+    memory_graph,
+    read_selected,
+)
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
@@ -48,6 +56,7 @@ SIGN_RULES = ("positive", "signed")
 #: ``Rollout.termination`` values that make a rollout invalid for ECHO's group baseline.
 ECHO_INVALID_TERMINATIONS = ("error",)
 OVERLONG_RULES = ("failure", "exclude")
+CREDIT_RULES = ("token", "graph")
 
 
 def provenance_mask(
@@ -101,18 +110,6 @@ class Provenance:
         return provenance_mask(self.final, self.action_turn, self.finding_turn, self.selection, self.selected)
 
 
-def _read_selected(info: dict, where: str) -> frozenset[int] | None:
-    if info.get("selected") is None:
-        return None
-    out: set[int] = set()
-    for key in ("selected", "kept_latest"):
-        for i in info.get(key) or ():
-            if isinstance(i, bool) or int(i) != i:
-                raise ValueError(f"{where}[{key!r}] must hold integer source-turn ids, got {i!r}")
-            out.add(int(i))
-    return frozenset(out)
-
-
 def selected_source_turns(rollout: Rollout) -> frozenset[int]:
     """``I_src``: source turns in the final reconstructed context (see the module docstring).
 
@@ -122,10 +119,10 @@ def selected_source_turns(rollout: Rollout) -> frozenset[int]:
     """
     if len(rollout.segments) <= 1:
         return frozenset()
-    found = _read_selected(rollout.segments[-1].info, "segments[-1].info")
+    found = read_selected(rollout.segments[-1].info, "segments[-1].info")
     if found is None:
         echo_env = rollout.env.get("echo")
-        found = _read_selected(echo_env, 'env["echo"]') if isinstance(echo_env, dict) else None
+        found = read_selected(echo_env, 'env["echo"]') if isinstance(echo_env, dict) else None
     if found is None:
         raise ValueError(
             f"rollout {rollout.uid!r} has {len(rollout.segments)} segments but no selected source turns: "
@@ -218,6 +215,12 @@ def echo(
     normalize_std: bool = True,
     eps: float = 1e-6,
     std_ddof: int = 1,
+    credit: str = "token",
+    gamma_turn: float = 1.0,
+    gamma_segment: float = 0.9,
+    graph_aggregation: str = "sum",
+    graph_clip: float | None = 5.0,
+    neg_penalty: float = 0.0,
 ) -> TokenAdvantages:
     """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
 
@@ -226,16 +229,25 @@ def echo(
       mean/std and get 0 on every token. Overlong rollouts (more reconstructions than allowed, or a
       rebuilt prompt still over budget) are, with ``overlong="failure"`` (default; paper §5.1/C.1:
       "treated as unsuccessful"), failures *in* the baseline with reward 0, and get 0 on their own
-      tokens; ``overlong="exclude"`` leaves them out of the baseline as well (1 success + 7 overlong
-      then gives no update at all).
+      tokens; ``overlong="exclude"`` leaves them out of the baseline as well, except that a group with
+      exactly one other valid rollout keeps them as failures (the released code's rule,
+      :func:`_excludes_overlong`).
     - ``std_ddof``: 1 (sample std, the paper's GRPO) or 0 (population std). The authors' released
       group baseline is ``overlong="exclude", std_ddof=0``: overlong rollouts leave the statistics
-      while at least two valid ones remain, else the group gets no update (docs/released_recipes.md).
+      while at least two valid ones remain (docs/released_recipes.md).
     - ``sign_rule="positive"`` (the paper, Eq. 14): ``max(A, 0)``, so tied, below-baseline and
       all-correct / all-wrong groups give zero update. ``"signed"``: ``A`` itself (the authors' older
       released code; their newer code takes the positive part, as the paper does).
     - ``mu``: :func:`echo_token_mask`; ``dense=True`` credits every generated token (the paper's
       "w/o Traceable CA" ablation is ``dense=True, sign_rule="signed"``: plain GRPO over ECHO rollouts).
+
+    - ``credit="graph"`` (the authors' newer released code, not the paper): instead of the binary
+      ``mu``, positive credit ``max(A, 0) * w_q`` with ``w`` the memory-graph weights of
+      :mod:`horizonrl.credit.echo_graph` (``gamma_turn``, ``gamma_segment``, ``graph_aggregation``
+      sum | max, ``graph_clip``; None: no cap). A rollout whose graph has a cycle falls back to ``mu``.
+    - ``neg_penalty`` in [0, 1] (released code's ``ECHO_NEG_PENALTY_RATIO``; 0 = the paper): a rollout
+      with ``A < 0`` gets ``neg_penalty * A`` on every generated token (dense, no mask), so failures
+      are pushed down too; positive credit is unchanged. Needs ``sign_rule="positive"``.
 
     Trainer defaults for ECHO (spec/echo.md "Loss", spec/baselines.md): ``token-mean`` aggregation,
     PPO clip ``e_lo = 0.2, e_hi = 0.28`` (dual clip ``c = 3``), no KL penalty.
@@ -246,27 +258,85 @@ def echo(
         raise ValueError(f"std_ddof must be 0 (population std) or 1 (sample std), got {std_ddof!r}")
     if overlong not in OVERLONG_RULES:
         raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {overlong!r}")
-    bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
-    if overlong == "exclude":
-        bad.add("overlong")
+    if credit not in CREDIT_RULES:
+        raise ValueError(f"credit must be one of {CREDIT_RULES}, got {credit!r}")
+    if graph_aggregation not in AGGREGATIONS:
+        raise ValueError(f"graph_aggregation must be one of {AGGREGATIONS}, got {graph_aggregation!r}")
+    for name, v in (
+        ("gamma_turn", gamma_turn),
+        ("gamma_segment", gamma_segment),
+        ("neg_penalty", neg_penalty),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
+    if graph_clip is not None and (
+        isinstance(graph_clip, bool) or not isinstance(graph_clip, int | float) or graph_clip <= 0
+    ):
+        raise ValueError(f"graph_clip must be a positive number or null, got {graph_clip!r}")
+    if neg_penalty > 0 and sign_rule != "positive":
+        raise ValueError(
+            "neg_penalty > 0 adds the dense negative update to the positive rule; use sign_rule='positive'"
+        )
+    graph = {
+        "gamma_turn": gamma_turn,
+        "gamma_segment": gamma_segment,
+        "aggregation": graph_aggregation,
+        "clip": graph_clip,
+    }
+    base_bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
     out: TokenAdvantages = []
     for group in groups:
+        bad = set(base_bad)
+        if overlong == "exclude" and _excludes_overlong(group, base_bad):
+            bad.add("overlong")
         valid = [r.termination not in bad for r in group.rollouts]
         rewards = [0.0 if r.termination == "overlong" else r.reward for r in group.rollouts]
-        adv = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps, ddof=std_ddof)
-        if sign_rule == "positive":
-            adv = np.maximum(adv, 0.0)
+        signed = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps, ddof=std_ddof)
+        adv = np.maximum(signed, 0.0) if sign_rule == "positive" else signed
         trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]
-        for rollout, a, ok in zip(group.rollouts, adv, trained, strict=True):
+        for rollout, a, raw, ok in zip(group.rollouts, adv, signed, trained, strict=True):
             side_info.record_side_info(len(out), rollout={"valid": ok, "A": float(a)})
             if not ok:  # may have stopped mid-selection with no final context: no mask needed
                 out.append([[np.zeros(t.num_response_tokens) for t in seg.turns] for seg in rollout.segments])
                 continue
+            if neg_penalty > 0 and raw < 0:  # the released dense update of a failed rollout
+                value = float(neg_penalty * raw)
+                out.append(
+                    [[np.full(t.num_response_tokens, value) for t in seg.turns] for seg in rollout.segments]
+                )
+                continue
+            if credit == "graph" and not dense and len(rollout.segments) > 1:
+                weights = _graph_token_weights(len(out), rollout, graph)
+                if weights is not None:
+                    out.append([[float(a) * w for w in seg] for seg in weights])
+                    continue
             mask = echo_token_mask(rollout, dense=dense)
             if side_info.collecting():
                 _record_side_info(len(out), rollout, mask, dense)
             out.append([[np.where(m, float(a), 0.0) for m in seg] for seg in mask])
     return out
+
+
+def _excludes_overlong(group: Group, bad: set[str]) -> bool:
+    """``overlong="exclude"`` as the released code applies it: overlong rollouts leave the baseline
+    unless exactly one other valid rollout would remain in a group of several, which then keeps the
+    overlong ones as failures (reward 0); with none left every rollout gets 0 either way."""
+    kept = sum(r.termination not in bad and r.termination != "overlong" for r in group.rollouts)
+    return not (kept == 1 and len(group.rollouts) > 1)
+
+
+def _graph_token_weights(index: int, rollout: Rollout, graph: dict) -> list[list[np.ndarray]] | None:
+    """Graph weights ``[segment][turn]`` of one rollout; None (token mask instead) on a cycle."""
+    try:
+        coef, metrics = graph_coefficients(memory_graph(rollout), **graph)
+    except GraphCycleError:
+        return None
+    prov = rollout_provenance(rollout)
+    flat = graph_weights(prov.final, prov.action_turn, prov.finding_turn, prov.selection, coef)
+    side_info.record_side_info(
+        index, rollout={"graph": {"coef": {str(k): v for k, v in coef.items()}, **metrics}}
+    )
+    return _unflatten(flat, prov.lengths)
 
 
 def _record_side_info(index: int, rollout: Rollout, mask: list[list[np.ndarray]], dense: bool) -> None:

@@ -253,7 +253,9 @@ class OpenEnvEnv(EpisodicAdapter):
         try:
             result = self._session().reset(**({} if seed is None else {"seed": seed}))
         except Exception as e:
-            if type(e).__name__.startswith("ConnectionClosed"):
+            # depending on timing the client reads the server's CAPACITY_REACHED error or finds the
+            # socket already closed
+            if type(e).__name__.startswith("ConnectionClosed") or "CAPACITY_REACHED" in str(e):
                 # OpenEnv answers a session over its max_concurrent_envs with an error and closes it:
                 # every further episode would fail the same way (and an evaluation would count them
                 # as failures), so the run stops here with what to change.

@@ -466,6 +466,16 @@ def echo() -> Paper:
                 help="w/o traceable credit: dense, signed (plain GRPO over ECHO rollouts)",
             ),
             Arm(
+                "echo_graph",
+                (
+                    "algo.estimator=echo",
+                    "algo.estimator_params={sign_rule: positive, dense: false, credit: graph}",
+                ),
+                scenario="memory",
+                help="released-code recipe: positive credit weighted over the memory DAG (gamma_turn 1, "
+                "gamma_segment 0.9, sum, clip 5; docs/released_recipes.md)",
+            ),
+            Arm(
                 "supo",
                 ("algo.estimator=supo", "algo.estimator_params={}"),
                 scenario="summary",
@@ -483,6 +493,7 @@ def echo() -> Paper:
             Comparison("supo", "grpo_truncate", "SUPO > GRPO with truncation"),
             Comparison("echo", "grpo_truncate", "ECHO > GRPO with truncation"),
             Comparison("echo", "echo_dense", "traceable credit > dense signed credit"),
+            Comparison("echo_graph", "echo", "graph credit vs the paper's binary mask"),
         ),
         budget_tokens=200_000,
         seeds=3,  # the minimum: three warm starts and 12 arm-seeds fit one session on 2 cores
