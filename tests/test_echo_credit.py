@@ -325,6 +325,7 @@ def test_registry_wiring():
         "gamma_segment",
         "graph_aggregation",
         "graph_clip",
+        "graph_version",
         "neg_penalty",
     } == set(spec.params)
     groups = [_group([1, 0]), Group("h", "t2", [_single_segment("s", 1.0)])]

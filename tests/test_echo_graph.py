@@ -72,19 +72,80 @@ def test_fixture_zero_gamma_blocks_history_and_cycles_are_refused():
         graph_coefficients(_graph({0: [1], 1: [0]}, [1]))
 
 
-def test_the_memory_graph_of_an_echo_rollout_by_hand():
-    """Records 0-3 in the first segment (each sees the earlier ones); the final segment rebuilt from
-    I_src = {0 (selected), 2, 3 (kept latest)} and produces no record."""
+def test_the_typed_memory_graph_of_an_echo_rollout_by_hand():
+    """Version 2 (the released default): records 0-3 chain inside the first segment; the final segment
+    is rebuilt from the model's pick {0} (2, 3 kept automatically: prompt-only) and adds no record, so
+    the outcome hangs on 0 by a selection edge and the selection segment's downstream is the outcome."""
     g = memory_graph(_echo_rollout())
-    t, s = "turn", "segment"
-    assert g.parents == {0: (), 1: ((0, t),), 2: ((0, t), (1, t)), 3: ((0, t), (1, t), (2, t))}
+    t, s = "turn", "selection"
+    assert g.parents == {0: (), 1: ((0, t),), 2: ((1, t),), 3: ((2, t),)}
+    assert g.outcome == ((0, s),) and g.selections == {1: None}
+    coef, m = graph_coefficients(g, gamma_turn=1.0, gamma_segment=0.9, aggregation="sum", clip=1.0)
+    assert coef == pytest.approx({0: 0.9})  # 1-3 have no path to the outcome
+    assert m == {"active": 1.0, "clipped": 0.0, "clip_ratio": 0.0}
+
+
+def test_the_untyped_memory_graph_of_an_echo_rollout_by_hand():
+    """Version 1: parents = the whole context (rebuilt records and the segment's earlier ones)."""
+    g = memory_graph(_echo_rollout(), version=1)
+    s = "selection"
+    assert g.parents == {0: (), 1: ((0, s),), 2: ((0, s), (1, s)), 3: ((0, s), (1, s), (2, s))}
     assert g.outcome == ((0, s), (2, s), (3, s))
-    coef, m = graph_coefficients(g, gamma_turn=1.0, gamma_segment=0.9, aggregation="sum", clip=5.0)
-    # c3 = .9; c2 = .9 + c3; c1 = c2 + c3; c0 = .9 + c1 + c2 + c3 = 6.3 -> 5
-    assert coef == pytest.approx({3: 0.9, 2: 1.8, 1: 2.7, 0: 5.0})
-    assert m == {"active": 4.0, "clipped": 1.0, "clip_ratio": 0.25}
-    coef, _ = graph_coefficients(g, gamma_turn=1.0, gamma_segment=0.9, aggregation="max", clip=5.0)
-    assert coef == pytest.approx({3: 0.9, 2: 0.9, 1: 0.9, 0: 0.9})
+    coef, _ = graph_coefficients(g, gamma_turn=1.0, gamma_segment=0.9, aggregation="sum", clip=None)
+    c3 = 0.9
+    c2 = 0.9 + 0.9 * c3
+    c1 = 0.9 * (c2 + c3)
+    c0 = 0.9 + 0.9 * (c1 + c2 + c3)
+    assert coef == pytest.approx({3: c3, 2: c2, 1: c1, 0: c0})
+
+
+def _rebuilt_with_new_records():
+    """Records 0-2 in the first segment, a selection of {0} (1, 2 kept), records 3 and 4 after it."""
+    from horizonrl.trajectory import Rollout, Segment
+    from test_echo_credit import _turn
+
+    seg0 = Segment(
+        turns=[
+            _turn(2, ("action", 0, 2, 0)),
+            _turn(4, ("finding", 0, 2, 0), ("action", 2, 4, 1)),
+            _turn(4, ("finding", 0, 2, 1), ("action", 2, 4, 2)),
+        ]
+    )
+    seg1 = Segment(kind="selection", turns=[_turn(2)], parent=0)
+    seg2 = Segment(
+        turns=[
+            _turn(4, ("finding", 0, 2, 2), ("action", 2, 4, 3)),
+            _turn(4, ("finding", 0, 2, 3), ("action", 2, 4, 4)),
+            _turn(4, ("finding", 0, 2, 4), ("answer", 2, 4, None)),
+        ],
+        parent=0,
+        info={"selected": [0], "kept_latest": [1, 2]},
+    )
+    return Rollout(uid="w", task_id="t", group_id="g", segments=[seg0, seg1, seg2], reward=1.0)
+
+
+def test_selection_weight_is_the_downstream_records_and_findings_inherit_in_the_final_segment():
+    """gamma_turn 0.5: c4 = 0.5, c3 = 0.25, c0 = 0.9 * 0.25; the selection weighs c3; the final
+    segment's actions stay 1 while its findings of 3 and 4 take their records' coefficients."""
+    roll = _rebuilt_with_new_records()
+    g = memory_graph(roll)
+    assert g.parents[3] == ((0, "selection"),) and g.parents[4] == ((3, "turn"),)
+    assert g.outcome == ((4, "turn"),) and g.selections == {1: 3}
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    out = get_estimator("echo")(
+        [Group("g", "t", [roll, _single_segment("l", 0.0)])], credit="graph", gamma_turn=0.5
+    )
+    c4, c3, c0 = 0.5, 0.25, 0.225
+    want = [
+        [[c0, c0], [c0, c0, 0, 0], [0, 0, 0, 0]],  # finding of 0 inherits; 1 and 2 lead nowhere
+        [[c3, c3]],  # the selection segment
+        # findings of 3 and 4 take their coefficients; the finding of 2 (no path, so no coefficient) and
+        # the actions keep the final segment's 1
+        [[1, 1, 1, 1], [c3, c3, 1, 1], [c4, c4, 1, 1]],
+    ]
+    for seg, want_seg in zip(out[0], want, strict=True):
+        for got, w in zip(seg, want_seg, strict=True):
+            assert np.allclose(got, a * np.array(w))
 
 
 def test_echo_estimator_graph_credit_and_negative_penalty_by_hand():
@@ -93,9 +154,9 @@ def test_echo_estimator_graph_credit_and_negative_penalty_by_hand():
     est = get_estimator("echo")
     out = est([Group("g", "t", [win, lose])], credit="graph", neg_penalty=0.5)
     weights = [
-        [[5.0] * 3, [5.0, 5.0, 2.7, 2.7, 2.7], [2.7, 2.7, 1.8, 1.8, 1.8, 0.0], [1.8, 1.8, 0.9, 0.9]],
-        [[1.0] * 3],  # the selection message
-        [[1.0] * 4],  # the final segment
+        [[0.9] * 3, [0.9, 0.9, 0, 0, 0], [0.0] * 6, [0.0] * 4],  # only record 0 reaches the outcome
+        [[1.0] * 3],  # the selection message: its downstream is the outcome
+        [[1.0] * 4],  # the final segment (its finding is of record 3, which has no coefficient)
     ]
     for seg, want_seg in zip(out[0], weights, strict=True):
         for got, want in zip(seg, want_seg, strict=True):
@@ -117,6 +178,7 @@ def test_echo_estimator_graph_credit_and_negative_penalty_by_hand():
         ({"graph_aggregation": "mean"}, "graph_aggregation"),
         ({"gamma_turn": 1.5}, "gamma_turn"),
         ({"graph_clip": 0}, "graph_clip"),
+        ({"graph_version": 3}, "graph_version"),
         ({"neg_penalty": 0.5, "sign_rule": "signed"}, "neg_penalty"),
     ],
 )

@@ -42,6 +42,7 @@ from numpy.typing import ArrayLike
 from horizonrl.credit import side_info
 from horizonrl.credit.echo_graph import (
     AGGREGATIONS,
+    GRAPH_VERSIONS,
     GraphCycleError,
     graph_coefficients,
     graph_weights,
@@ -219,7 +220,8 @@ def echo(
     gamma_turn: float = 1.0,
     gamma_segment: float = 0.9,
     graph_aggregation: str = "sum",
-    graph_clip: float | None = 5.0,
+    graph_clip: float | None = 1.0,
+    graph_version: int = 2,
     neg_penalty: float = 0.0,
 ) -> TokenAdvantages:
     """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
@@ -243,8 +245,9 @@ def echo(
 
     - ``credit="graph"`` (the authors' newer released code, not the paper): instead of the binary
       ``mu``, positive credit ``max(A, 0) * w_q`` with ``w`` the memory-graph weights of
-      :mod:`horizonrl.credit.echo_graph` (``gamma_turn``, ``gamma_segment``, ``graph_aggregation``
-      sum | max, ``graph_clip``; None: no cap). A rollout whose graph has a cycle falls back to ``mu``.
+      :mod:`horizonrl.credit.echo_graph` (``graph_version`` 2 typed | 1 untyped, ``gamma_turn``,
+      ``gamma_segment``, ``graph_aggregation`` sum | max, ``graph_clip``; None: no cap; the released
+      defaults). A rollout whose graph has a cycle falls back to ``mu``.
     - ``neg_penalty`` in [0, 1] (released code's ``ECHO_NEG_PENALTY_RATIO``; 0 = the paper): a rollout
       with ``A < 0`` gets ``neg_penalty * A`` on every generated token (dense, no mask), so failures
       are pushed down too; positive credit is unchanged. Needs ``sign_rule="positive"``.
@@ -277,11 +280,14 @@ def echo(
         raise ValueError(
             "neg_penalty > 0 adds the dense negative update to the positive rule; use sign_rule='positive'"
         )
+    if graph_version not in GRAPH_VERSIONS:
+        raise ValueError(f"graph_version must be one of {GRAPH_VERSIONS}, got {graph_version!r}")
     graph = {
         "gamma_turn": gamma_turn,
         "gamma_segment": gamma_segment,
         "aggregation": graph_aggregation,
         "clip": graph_clip,
+        "version": graph_version,
     }
     base_bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
     out: TokenAdvantages = []
@@ -327,12 +333,25 @@ def _excludes_overlong(group: Group, bad: set[str]) -> bool:
 
 def _graph_token_weights(index: int, rollout: Rollout, graph: dict) -> list[list[np.ndarray]] | None:
     """Graph weights ``[segment][turn]`` of one rollout; None (token mask instead) on a cycle."""
+    params = dict(graph)
+    version = params.pop("version")
+    dag = memory_graph(rollout, version)
     try:
-        coef, metrics = graph_coefficients(memory_graph(rollout), **graph)
+        coef, metrics = graph_coefficients(dag, **params)
     except GraphCycleError:
         return None
     prov = rollout_provenance(rollout)
-    flat = graph_weights(prov.final, prov.action_turn, prov.finding_turn, prov.selection, coef)
+    per_segment = []
+    for s in range(len(rollout.segments)):
+        # version 2: a selection segment's tokens weigh what its downstream node does (the outcome: 1);
+        # version 1 (and any selection span without a recorded event there): 1
+        value = 1.0
+        if version == 2 and s in dag.selections:
+            down = dag.selections[s]
+            value = 1.0 if down is None else coef.get(down, 0.0)
+        per_segment.append(np.full(sum(prov.lengths[s]), value))
+    sel_w = np.concatenate(per_segment) if per_segment else np.zeros(0)
+    flat = graph_weights(prov.final, prov.action_turn, prov.finding_turn, prov.selection, coef, sel_w)
     side_info.record_side_info(
         index, rollout={"graph": {"coef": {str(k): v for k, v in coef.items()}, **metrics}}
     )

@@ -1,32 +1,39 @@
 """ECHO graph credit: outcome credit propagated backwards over the memory DAG (the authors' released
-``graph`` credit; docs/released_recipes.md). Not in the paper, whose credit is the binary mask of
-:mod:`horizonrl.credit.echo` (Eq. 13); ``credit: graph`` of the ``echo`` estimator selects this.
+``graph`` credit, ``xiezijun714-lang/echo``; docs/released_recipes.md). Not in the paper, whose credit
+is the binary mask of :mod:`horizonrl.credit.echo` (Eq. 13); ``credit: graph`` of ``echo`` selects it.
 
-The DAG (:func:`memory_graph`, read from the rollout the ECHO agent recorded): one node per memory
-record ``i`` (source-turn index). The parents of record ``i``, produced in working segment ``s``, are
-what was in its context: the records rebuilt into ``s`` (``I_src(s)`` = that segment's ``selected``
-∪ ``kept_latest``) over a *segment* edge, and the earlier records produced in ``s`` over a *turn*
-edge. The outcome is a node whose parents are, likewise, the last segment's ``I_src`` and its own
-records.
+The DAG (:func:`memory_graph`, read from the rollout the ECHO agent recorded) has one node per memory
+record ``i`` (source-turn index) and a synthetic outcome node. Two versions, as released:
 
-Coefficients (:func:`graph_coefficients`), with ``c(outcome) = 1``::
+- **version 2** (typed, the released default): inside a working segment a record's one parent is
+  the segment's previous record (a *turn* edge); the first record of a rebuilt segment has a
+  *selection* edge from each record the model selected (``info["selected"]``; the automatically kept
+  latest records are prompt-only, not parents). The outcome's parent is the last segment's last
+  record (turn edge), or, when the final segment produced none, its selected records (selection
+  edges). Each selection segment's tokens are weighted by its downstream node: the first record of
+  the segment rebuilt from it, or the outcome (weight 1).
+- **version 1** (untyped): a record's parents are everything in its context (the segment's
+  ``selected`` ∪ ``kept_latest`` and its earlier records), every edge discounted by
+  ``gamma_segment``; selection tokens weigh 1.
+
+Coefficients (:func:`graph_coefficients`), ``c(outcome) = 1``, for the records that reach it::
 
     c(v) = min(clip, AGG_{(w, kind) : v is a parent of w} gamma_kind * c(w))     AGG = sum | max
 
-so a record reaches a coefficient only through paths to the outcome (an unrelated later child of the
-same parent adds nothing); ``gamma_turn`` discounts turn edges, ``gamma_segment`` segment edges
-(the authors' single-``gamma`` version is ``gamma_turn = gamma_segment``); ``clip`` (None: none) caps
-every node's coefficient, and parents read the capped value.
+(``gamma_turn`` on turn edges, ``gamma_segment`` on selection edges; ``clip`` None: no cap; parents
+read the capped value). Records with no path to the outcome have no coefficient.
 
-Token weights (:func:`graph_weights`): 1 on tokens of the last segment and of selection spans; else
-``c(d_q)`` for an action token of record ``d_q`` and ``c(f_q)`` for a finding token of record
-``f_q``; 0 elsewhere. The ``echo`` estimator multiplies them by ``max(A, 0)``.
+Token weights (:func:`graph_weights`), in this order: 1 on every token of the last segment, else 0;
+action tokens of record ``i`` outside the last segment: ``c(i)``; finding tokens of a record with a
+coefficient: overwritten with it (in the last segment too: a finding is its record's compressed
+observation); selection tokens: overwritten with their segment's selection weight. The ``echo``
+estimator multiplies them by ``max(A, 0)``; a graph with a cycle falls back to the mask ``mu``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,7 +50,8 @@ __all__ = [
 ]
 
 AGGREGATIONS = ("sum", "max")
-EDGE_KINDS = ("turn", "segment")
+GRAPH_VERSIONS = (1, 2)
+EDGE_KINDS = ("turn", "selection")
 Edge = tuple[int, str]  # (record, edge kind)
 
 
@@ -53,18 +61,22 @@ class GraphCycleError(ValueError):
 
 @dataclass(frozen=True)
 class MemoryGraph:
-    """``parents[i]``: ``(parent record, edge kind)`` of record ``i``; ``outcome``: the outcome's."""
+    """``parents[i]``: ``(parent record, edge kind)`` of record ``i``; ``outcome``: the outcome's;
+    ``selections[s]``: the downstream record of selection segment ``s`` (None: the outcome)."""
 
     parents: dict[int, tuple[Edge, ...]]
     outcome: tuple[Edge, ...]
+    selections: dict[int, int | None] = field(default_factory=dict)
 
 
-def read_selected(info: dict, where: str) -> frozenset[int] | None:
-    """``info["selected"] ∪ info["kept_latest"]`` as source-turn ids; None without ``selected``."""
+def read_selected(
+    info: dict, where: str, keys: tuple[str, ...] = ("selected", "kept_latest")
+) -> frozenset[int] | None:
+    """The union of ``info[key]`` over ``keys`` as source-turn ids; None without ``selected``."""
     if info.get("selected") is None:
         return None
     out: set[int] = set()
-    for key in ("selected", "kept_latest"):
+    for key in keys:
         for i in info.get(key) or ():
             if isinstance(i, bool) or int(i) != i:
                 raise ValueError(f"{where}[{key!r}] must hold integer source-turn ids, got {i!r}")
@@ -72,25 +84,52 @@ def read_selected(info: dict, where: str) -> frozenset[int] | None:
     return frozenset(out)
 
 
-def memory_graph(rollout: Rollout) -> MemoryGraph:
-    """The memory DAG of one ECHO rollout (module docstring); selection segments produce no records."""
+def _records(turn) -> list[int]:
+    return sorted(
+        {int(sp.source_turn) for sp in turn.spans if sp.label == "action" and _is_id(sp.source_turn)}
+    )
+
+
+def memory_graph(rollout: Rollout, version: int = 2) -> MemoryGraph:
+    """The memory DAG of one ECHO rollout (module docstring)."""
+    if version not in GRAPH_VERSIONS:
+        raise ValueError(f"graph version must be one of {GRAPH_VERSIONS}, got {version!r}")
     parents: dict[int, tuple[Edge, ...]] = {}
+    selections: dict[int, int | None] = {}
+    open_selections: list[int] = []
     outcome: tuple[Edge, ...] = ()
     for s, seg in enumerate(rollout.segments):
         if seg.kind == "selection":
+            open_selections.append(s)
             continue
-        rebuilt = (read_selected(seg.info, f"segments[{s}].info") or frozenset()) if s > 0 else frozenset()
-        context: list[Edge] = [(j, "segment") for j in sorted(rebuilt)]
+        where = f"segments[{s}].info"
+        if version == 2:
+            picked = (read_selected(seg.info, where, ("selected",)) or frozenset()) if s > 0 else frozenset()
+            entry: tuple[Edge, ...] = tuple((j, "selection") for j in sorted(picked))
+        else:
+            rebuilt = (read_selected(seg.info, where) or frozenset()) if s > 0 else frozenset()
+            entry = tuple((j, "selection") for j in sorted(rebuilt))
+        context, last = list(entry), None
         for turn in seg.turns:
-            own = sorted(
-                {int(sp.source_turn) for sp in turn.spans if sp.label == "action" and _is_id(sp.source_turn)}
-            )
-            for i in own:
-                if i not in parents:
+            for i in _records(turn):
+                if i in parents:
+                    continue
+                if version == 2:
+                    parents[i] = ((last, "turn"),) if last is not None else entry
+                else:
                     parents[i] = tuple(context)
-                    context.append((i, "turn"))
-        outcome = tuple(context)
-    return MemoryGraph(parents, outcome)
+                    context.append((i, "selection"))
+                for sel in open_selections:
+                    selections[sel] = i
+                open_selections = []
+                last = i
+        if version == 2:
+            outcome = ((last, "turn"),) if last is not None else entry
+        else:
+            outcome = tuple(context)
+    for sel in open_selections:
+        selections[sel] = None
+    return MemoryGraph(parents, outcome, selections)
 
 
 def _is_id(x: object) -> bool:
@@ -103,15 +142,16 @@ def graph_coefficients(
     gamma_turn: float = 1.0,
     gamma_segment: float = 0.9,
     aggregation: str = "sum",
-    clip: float | None = 5.0,
+    clip: float | None = 1.0,
 ) -> tuple[dict[int, float], dict[str, float]]:
-    """``c(v)`` for every node (module docstring) and ``{"active", "clipped", "clip_ratio"}``.
+    """``c(v)`` of every record with a path to the outcome (module docstring) and
+    ``{"active", "clipped", "clip_ratio"}`` (active: ``c > 0``; clipped: its sum or max exceeded ``clip``).
 
     Raises :class:`GraphCycleError` when the graph has a cycle.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"graph aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-    gammas = {"turn": float(gamma_turn), "segment": float(gamma_segment)}
+    gammas = {"turn": float(gamma_turn), "selection": float(gamma_segment)}
     nodes = (
         set(graph.parents)
         | {p for edges in graph.parents.values() for p, _ in edges}
@@ -129,20 +169,25 @@ def graph_coefficients(
                 raise ValueError(f"edge kind must be one of {EDGE_KINDS}, got {kind!r}")
     waiting = {v: sum(w is not None for w, _ in ch) for v, ch in children.items()}
     ready = [v for v, n in waiting.items() if n == 0]
-    coef: dict[int, float] = {}
+    coef: dict[int, float] = {}  # the records that reach the outcome
     raw: dict[int, float] = {}
+    done: set[int] = set()
     while ready:
         v = ready.pop()
-        terms = [gammas[k] * (1.0 if w is None else coef[w]) for w, k in children[v]]
-        value = (sum(terms) if aggregation == "sum" else max(terms)) if terms else 0.0
-        raw[v] = value
-        coef[v] = value if clip is None else min(value, float(clip))
+        done.add(v)
+        terms = [
+            gammas[k] * (1.0 if w is None else coef[w]) for w, k in children[v] if w is None or w in coef
+        ]
+        if terms:
+            value = sum(terms) if aggregation == "sum" else max(terms)
+            raw[v] = value
+            coef[v] = value if clip is None else min(value, float(clip))
         for p, _ in graph.parents.get(v, ()):
             waiting[p] -= 1
             if waiting[p] == 0:
                 ready.append(p)
-    if len(coef) != len(nodes):
-        raise GraphCycleError(f"memory graph has a cycle through records {sorted(nodes - set(coef))}")
+    if len(done) != len(nodes):
+        raise GraphCycleError(f"memory graph has a cycle through records {sorted(nodes - done)}")
     active = [v for v in coef if coef[v] > 0]
     clipped = [v for v in active if clip is not None and raw[v] > float(clip)]
     metrics = {
@@ -159,14 +204,19 @@ def graph_weights(
     finding_turn: Iterable[int] | np.ndarray,
     selection: Sequence[bool] | np.ndarray,
     coef: dict[int, float],
+    selection_weight: float | Sequence[float] | np.ndarray = 1.0,
 ) -> np.ndarray:
-    """Per-token weights (module docstring): 1 on final and selection tokens, else the coefficient
-    of the token's action record or finding record, 0 without one."""
+    """Per-token weights (module docstring): 1 on the last segment, ``c(i)`` on action tokens of
+    record ``i`` elsewhere, then findings of a record with a coefficient and selection tokens
+    overwritten (``selection_weight``: one number or one per token)."""
     g = np.asarray(final, dtype=bool)
     b = np.asarray(selection, dtype=bool)
     d = np.asarray(action_turn, dtype=np.int64)
     f = np.asarray(finding_turn, dtype=np.int64)
-    of_action = np.array([coef.get(int(i), 0.0) if i >= 0 else 0.0 for i in d], dtype=np.float64)
-    of_finding = np.array([coef.get(int(i), 0.0) if i >= 0 else 0.0 for i in f], dtype=np.float64)
-    w = np.where(d >= 0, of_action, of_finding)
-    return np.where(g | b, 1.0, w)
+    w = np.where(g, 1.0, 0.0)
+    of_action = np.array([coef.get(int(i), 0.0) for i in d], dtype=np.float64)
+    w = np.where(~g & (d >= 0), np.maximum(w, of_action), w)
+    has = np.array([int(i) in coef for i in f], dtype=bool)
+    of_finding = np.array([coef.get(int(i), 0.0) for i in f], dtype=np.float64)
+    w = np.where(has, of_finding, w)
+    return np.where(b, np.broadcast_to(np.asarray(selection_weight, dtype=np.float64), w.shape), w)

@@ -472,8 +472,8 @@ def echo() -> Paper:
                     "algo.estimator_params={sign_rule: positive, dense: false, credit: graph}",
                 ),
                 scenario="memory",
-                help="released-code recipe: positive credit weighted over the memory DAG (gamma_turn 1, "
-                "gamma_segment 0.9, sum, clip 5; docs/released_recipes.md)",
+                help="released-code recipe: positive credit weighted over the typed memory DAG "
+                "(gamma_turn 1, gamma_segment 0.9, sum, clip 1; docs/released_recipes.md)",
             ),
             Arm(
                 "supo",
