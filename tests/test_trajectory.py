@@ -112,3 +112,23 @@ def test_turn_and_span_validation():
         Span("bogus", 0, 1)
     with pytest.raises(ValueError, match="kind"):
         Segment(kind="weird")
+
+
+def test_appended_tokens_counts_a_selection_session_by_what_it_adds_to_its_parent():
+    from horizonrl.trajectory import Rollout, Segment, Turn, appended_tokens, saved_tokens
+
+    def turn(prompt, response):
+        return Turn(prompt_ids=prompt, response_ids=response, logprobs=[-0.1] * len(response))
+
+    work = Segment(turns=[turn([1, 2, 3], [4, 5]), turn([1, 2, 3, 4, 5, 6], [7, 8])])  # one row: 8 tokens
+    select = Segment(kind="selection", turns=[turn(list(range(1, 11)), [11, 12])], parent=0)  # 12 tokens
+    rebuilt = Segment(turns=[turn([1, 20, 21], [22])], parent=0)  # 4 tokens
+    r = Rollout(uid="u", task_id="t", group_id="g", segments=[work, select, rebuilt])
+    assert saved_tokens(r) == 8 + 12 + 4
+    # the selection prompt shares its first 8 tokens with the parent's last context [1..8]
+    assert appended_tokens(r) == 8 + (12 - 8) + 4
+    assert appended_tokens(Rollout(uid="v", task_id="t", group_id="g", segments=[work])) == 8
+    # a rolling summary is counted the same way (SUPO's volume compares with ECHO's)
+    summary = Segment(kind="summary", turns=[turn([1, 2, 3, 4, 5, 6, 7, 8, 30], [31])], parent=0)
+    s = Rollout(uid="w", task_id="t", group_id="g", segments=[work, summary, rebuilt])
+    assert saved_tokens(s) == 8 + 10 + 4 and appended_tokens(s) == 8 + 2 + 4

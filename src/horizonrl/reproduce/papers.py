@@ -499,6 +499,7 @@ def echo() -> Paper:
         seeds=3,  # the minimum: three warm starts and 12 arm-seeds fit one session on 2 cores
         diagnostics=(
             "rollout/trajectory_tokens_mean",
+            "rollout/trajectory_tokens_appended_mean",
             "rollout/processed_tokens_mean",
             "rollout/segments",
             "rollout/split",

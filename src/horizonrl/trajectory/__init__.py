@@ -1,7 +1,7 @@
 """Trajectory data model: turns, segments, rollouts, groups, rows, JSONL."""
 
 from horizonrl.trajectory.io import dumps_rollout, loads_rollout, read_jsonl, write_jsonl
-from horizonrl.trajectory.rows import Row, TokenAdvantages, build_rows, saved_tokens
+from horizonrl.trajectory.rows import Row, TokenAdvantages, appended_tokens, build_rows, saved_tokens
 from horizonrl.trajectory.types import (
     ANNOTATION_KEYS,
     SEGMENT_KINDS,
@@ -30,6 +30,7 @@ __all__ = [
     "TokenAdvantages",
     "Turn",
     "UnknownFieldWarning",
+    "appended_tokens",
     "build_rows",
     "dumps_rollout",
     "loads_rollout",

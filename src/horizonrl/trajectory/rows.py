@@ -131,3 +131,36 @@ def saved_tokens(rollout: Rollout) -> int:
     shared prefix again (the tokens *processed*).
     """
     return sum(len(r) for r in build_rows([rollout]))
+
+
+#: sessions generated on top of their parent's context (a memory selection, a rolling summary, a
+#: compaction summary): what :func:`appended_tokens` counts by their extension only
+SIDE_SESSIONS = ("selection", "summary", "compaction")
+
+
+def appended_tokens(rollout: Rollout) -> int:
+    """Trajectory volume with a side session counted by what it *adds* to its parent's context.
+
+    :func:`saved_tokens` counts a ``selection`` / ``summary`` / ``compaction`` segment as its own
+    row: the parent's whole context again, then the instruction and the generation. ECHO's released
+    code appends the selector's prompt and output to the segment that just ended, so the shared
+    context is saved once. This is :func:`saved_tokens` less, for each such segment with a parent,
+    the common prefix of its first prompt with the parent's last context (its last turn's prompt +
+    response), the same rule for every method so that their volumes compare.
+    """
+    shared = 0
+    for seg in rollout.segments:
+        if seg.kind not in SIDE_SESSIONS or seg.parent is None or not seg.turns:
+            continue
+        parent = rollout.segments[seg.parent]
+        if not parent.turns:
+            continue
+        last = parent.turns[-1]
+        context = list(last.prompt_ids) + list(last.response_ids)
+        n = 0
+        for a, b in zip(seg.turns[0].prompt_ids, context, strict=False):
+            if a != b:
+                break
+            n += 1
+        shared += n
+    return saved_tokens(rollout) - shared
