@@ -14,7 +14,7 @@ convention:
 - gymnasium: ``reset(seed=..., options=...) -> (obs, info)``,
   ``step(action) -> (obs, reward, terminated, truncated, info)``;
 - the older gym / plain-object one: ``reset() -> obs`` and ``step(action) -> (obs, reward, done, info)``
-  (TextArena, GEM and skyrl-gym environments are thin variants of these two).
+  (GEM uses the first; TextArena and skyrl-gym need a small ``entry`` wrapper, docs/hubs.md).
 
 One assistant message is one action: the message without ``<think>`` blocks, or with
 ``action_pattern`` the first group of its first match (no match: a user-role reminder, the step is
