@@ -287,7 +287,6 @@ def echo(
         "gamma_segment": gamma_segment,
         "aggregation": graph_aggregation,
         "clip": graph_clip,
-        "version": graph_version,
     }
     base_bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
     out: TokenAdvantages = []
@@ -312,7 +311,7 @@ def echo(
                 )
                 continue
             if credit == "graph" and not dense and len(rollout.segments) > 1:
-                weights = _graph_token_weights(len(out), rollout, graph)
+                weights = _graph_token_weights(len(out), rollout, graph, graph_version)
                 if weights is not None:
                     out.append([[float(a) * w for w in seg] for seg in weights])
                     continue
@@ -331,13 +330,13 @@ def _excludes_overlong(group: Group, bad: set[str]) -> bool:
     return not (kept == 1 and len(group.rollouts) > 1)
 
 
-def _graph_token_weights(index: int, rollout: Rollout, graph: dict) -> list[list[np.ndarray]] | None:
+def _graph_token_weights(
+    index: int, rollout: Rollout, graph: dict, version: int
+) -> list[list[np.ndarray]] | None:
     """Graph weights ``[segment][turn]`` of one rollout; None (token mask instead) on a cycle."""
-    params = dict(graph)
-    version = params.pop("version")
     dag = memory_graph(rollout, version)
     try:
-        coef, metrics = graph_coefficients(dag, **params)
+        coef, metrics = graph_coefficients(dag, **graph)
     except GraphCycleError:
         return None
     prov = rollout_provenance(rollout)

@@ -102,13 +102,10 @@ def memory_graph(rollout: Rollout, version: int = 2) -> MemoryGraph:
         if seg.kind == "selection":
             open_selections.append(s)
             continue
-        where = f"segments[{s}].info"
-        if version == 2:
-            picked = (read_selected(seg.info, where, ("selected",)) or frozenset()) if s > 0 else frozenset()
-            entry: tuple[Edge, ...] = tuple((j, "selection") for j in sorted(picked))
-        else:
-            rebuilt = (read_selected(seg.info, where) or frozenset()) if s > 0 else frozenset()
-            entry = tuple((j, "selection") for j in sorted(rebuilt))
+        # version 2: only the model's picks are parents; version 1: everything rebuilt into the context
+        keys = ("selected",) if version == 2 else ("selected", "kept_latest")
+        rebuilt = read_selected(seg.info, f"segments[{s}].info", keys) if s > 0 else None
+        entry: tuple[Edge, ...] = tuple((j, "selection") for j in sorted(rebuilt or ()))
         context, last = list(entry), None
         for turn in seg.turns:
             for i in _records(turn):

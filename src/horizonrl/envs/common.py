@@ -58,6 +58,37 @@ def check_bool(env: str, knob: str, value: Any) -> None:
         raise ValueError(f"{env}: knob {knob!r} must be true or false, got {value!r}")
 
 
+def check_optional_str(env: str, knobs: dict[str, Any], *names: str) -> None:
+    """Each of ``names`` is a non-empty string or None (ValueError naming the knob otherwise)."""
+    for name in names:
+        v = knobs[name]
+        if v is not None and not (isinstance(v, str) and v):
+            raise ValueError(f"{env}: knob {name!r} must be a non-empty string or null, got {v!r}")
+
+
+def check_one_of(env: str, knobs: dict[str, Any], a: str, b: str, what: str) -> None:
+    """Exactly one of knobs ``a`` and ``b`` is set; ``what`` says what each is."""
+    if (knobs[a] is None) == (knobs[b] is None):
+        raise ValueError(
+            f"{env}: give exactly one of knob {a!r} and knob {b!r} ({what}), got {a}={knobs[a]!r}, "
+            f"{b}={knobs[b]!r}"
+        )
+
+
+def check_seconds(env: str, knob: str, value: Any) -> None:
+    """``value`` is a number of seconds in (0, 3600]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ValueError(f"{env}: knob {knob!r} must be a number of seconds in (0, 3600], got {value!r}")
+
+
+def check_env_vars(env: str, knob: str, value: Any) -> None:
+    """``value`` is None or maps environment-variable names to strings."""
+    if value is not None and not (
+        isinstance(value, dict) and all(isinstance(a, str) and isinstance(b, str) for a, b in value.items())
+    ):
+        raise ValueError(f"{env}: knob {knob!r} must map variable names to strings, got {value!r}")
+
+
 def check_noise(noise: Any) -> float:
     """``noise`` as a float in [0, 1] (ValueError naming ``noise`` otherwise)."""
     if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0.0 <= noise <= 1.0:

@@ -34,7 +34,7 @@ from abc import abstractmethod
 from typing import Any, ClassVar
 
 from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.common import fill_knobs, split_of
+from horizonrl.envs.common import check_optional_str, fill_knobs, split_of
 from horizonrl.errors import ConfigError
 from horizonrl.textparse import strip_think
 
@@ -98,11 +98,7 @@ class EpisodicAdapter(Env):
 
     @classmethod
     def _check_knobs(cls, k: dict[str, Any]) -> None:
-        for name in ("action_pattern", "obs_field", "system_prompt"):
-            if k[name] is not None and not (isinstance(k[name], str) and k[name]):
-                raise ValueError(
-                    f"{cls.name}: knob {name!r} must be a non-empty string or null, got {k[name]!r}"
-                )
+        check_optional_str(cls.name, k, "action_pattern", "obs_field", "system_prompt")
         if k["action_pattern"] is not None:
             try:
                 re.compile(k["action_pattern"])

@@ -47,7 +47,7 @@ import inspect
 import logging
 from typing import Any, ClassVar
 
-from horizonrl.envs.common import check_bool
+from horizonrl.envs.common import check_bool, check_one_of, check_optional_str
 from horizonrl.envs.episodic import EPISODIC_KNOBS, EpisodicAdapter
 from horizonrl.envs.registry import register_env
 from horizonrl.userimport import load_object
@@ -118,16 +118,8 @@ class GymTextEnv(EpisodicAdapter):
 
     @classmethod
     def _check_own_knobs(cls, k: dict[str, Any]) -> None:
-        if (k["entry"] is None) == (k["id"] is None):
-            raise ValueError(
-                f"{cls.name}: give exactly one of knob 'entry' (module:callable) and knob 'id' (a gymnasium "
-                f"id), got entry={k['entry']!r}, id={k['id']!r}"
-            )
-        for name in ("entry", "id"):
-            if k[name] is not None and not (isinstance(k[name], str) and k[name]):
-                raise ValueError(
-                    f"{cls.name}: knob {name!r} must be a non-empty string or null, got {k[name]!r}"
-                )
+        check_one_of(cls.name, k, "entry", "id", "module:callable, or a gymnasium id")
+        check_optional_str(cls.name, k, "entry", "id")
         if not isinstance(k["kwargs"], dict) or not all(isinstance(x, str) for x in k["kwargs"]):
             raise ValueError(
                 f"{cls.name}: knob 'kwargs' must map argument names to values, got {k['kwargs']!r}"

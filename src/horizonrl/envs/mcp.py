@@ -41,7 +41,7 @@ import shlex
 import threading
 from typing import Any, ClassVar
 
-from horizonrl.envs.common import check_bool
+from horizonrl.envs.common import check_bool, check_env_vars, check_seconds
 from horizonrl.envs.custom import CustomEnv
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import Tool, ToolCall
@@ -234,23 +234,13 @@ class MCPEnv(CustomEnv):
                 f"{cls.name}: knob 'command' must be the server's command line, got {knobs['command']!r}"
             )
         knobs["command"] = command
-        if knobs["env"] is not None and not (
-            isinstance(knobs["env"], dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in knobs["env"].items())
-        ):
-            raise ValueError(
-                f"{cls.name}: knob 'env' must map variable names to strings, got {knobs['env']!r}"
-            )
+        check_env_vars(cls.name, "env", knobs["env"])
         for k in ("cwd", "log"):
             if knobs[k] is not None and not (isinstance(knobs[k], str) and knobs[k]):
                 raise ValueError(f"{cls.name}: knob {k!r} must be a path or null, got {knobs[k]!r}")
         check_bool(cls.name, "stateless", knobs["stateless"])
         for k in ("call_timeout_s", "startup_timeout_s"):
-            v = knobs[k]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
-                raise ValueError(
-                    f"{cls.name}: knob {k!r} must be a number of seconds in (0, 3600], got {v!r}"
-                )
+            check_seconds(cls.name, k, knobs[k])
         v = knobs["max_output_chars"]
         if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 1_000_000:
             raise ValueError(

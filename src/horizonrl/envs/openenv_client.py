@@ -50,6 +50,7 @@ import urllib.error
 import urllib.request
 from typing import Any, ClassVar
 
+from horizonrl.envs.common import check_env_vars, check_one_of, check_optional_str, check_seconds
 from horizonrl.envs.episodic import EPISODIC_KNOBS, EpisodicAdapter
 from horizonrl.envs.registry import register_env
 from horizonrl.errors import ConfigError
@@ -188,33 +189,19 @@ class OpenEnvEnv(EpisodicAdapter):
 
     @classmethod
     def _check_own_knobs(cls, k: dict[str, Any]) -> None:
-        if (k["url"] is None) == (k["app"] is None):
-            raise ValueError(
-                f"{cls.name}: give exactly one of knob 'url' (a running server) and knob 'app' "
-                f"(module:attribute of its FastAPI app, started here), got url={k['url']!r}, app={k['app']!r}"
-            )
+        check_one_of(cls.name, k, "url", "app", "a running server, or module:attribute of its FastAPI app")
         if k["url"] is not None and not (
             isinstance(k["url"], str) and k["url"].startswith(("http://", "https://"))
         ):
             raise ValueError(f"{cls.name}: knob 'url' must be an http(s):// URL, got {k['url']!r}")
         if k["app"] is not None and not (isinstance(k["app"], str) and ":" in k["app"]):
             raise ValueError(f"{cls.name}: knob 'app' must be module:attribute, got {k['app']!r}")
-        for name in ("cwd", "action_field"):
-            if k[name] is not None and not (isinstance(k[name], str) and k[name]):
-                raise ValueError(f"{cls.name}: knob {name!r} must be a non-empty string, got {k[name]!r}")
-        if k["env"] is not None and not (
-            isinstance(k["env"], dict)
-            and all(isinstance(a, str) and isinstance(b, str) for a, b in k["env"].items())
-        ):
-            raise ValueError(f"{cls.name}: knob 'env' must map variable names to strings, got {k['env']!r}")
+        check_optional_str(cls.name, k, "cwd", "action_field")
+        check_env_vars(cls.name, "env", k["env"])
         if not isinstance(k["action_extra"], dict):
             raise ValueError(f"{cls.name}: knob 'action_extra' must be a mapping, got {k['action_extra']!r}")
         for name in ("startup_timeout_s", "message_timeout_s"):
-            v = k[name]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
-                raise ValueError(
-                    f"{cls.name}: knob {name!r} must be a number of seconds in (0, 3600], got {v!r}"
-                )
+            check_seconds(cls.name, name, k[name])
 
     @classmethod
     def _label(cls, knobs: dict[str, Any]) -> str:

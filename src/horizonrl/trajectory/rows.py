@@ -138,16 +138,9 @@ def saved_tokens(rollout: Rollout) -> int:
 SIDE_SESSIONS = ("selection", "summary", "compaction")
 
 
-def appended_tokens(rollout: Rollout) -> int:
-    """Trajectory volume with a side session counted by what it *adds* to its parent's context.
-
-    :func:`saved_tokens` counts a ``selection`` / ``summary`` / ``compaction`` segment as its own
-    row: the parent's whole context again, then the instruction and the generation. ECHO's released
-    code appends the selector's prompt and output to the segment that just ended, so the shared
-    context is saved once. This is :func:`saved_tokens` less, for each such segment with a parent,
-    the common prefix of its first prompt with the parent's last context (its last turn's prompt +
-    response), the same rule for every method so that their volumes compare.
-    """
+def side_session_overlap(rollout: Rollout) -> int:
+    """Tokens that side sessions (:data:`SIDE_SESSIONS`) share with their parent's last context (its
+    last turn's prompt + response): the common prefix of each such segment's first prompt with it."""
     shared = 0
     for seg in rollout.segments:
         if seg.kind not in SIDE_SESSIONS or seg.parent is None or not seg.turns:
@@ -157,10 +150,20 @@ def appended_tokens(rollout: Rollout) -> int:
             continue
         last = parent.turns[-1]
         context = list(last.prompt_ids) + list(last.response_ids)
-        n = 0
         for a, b in zip(seg.turns[0].prompt_ids, context, strict=False):
             if a != b:
                 break
-            n += 1
-        shared += n
-    return saved_tokens(rollout) - shared
+            shared += 1
+    return shared
+
+
+def appended_tokens(rollout: Rollout) -> int:
+    """Trajectory volume with a side session counted by what it *adds* to its parent's context.
+
+    :func:`saved_tokens` counts a ``selection`` / ``summary`` / ``compaction`` segment as its own
+    row: the parent's whole context again, then the instruction and the generation. ECHO's released
+    code appends the selector's prompt and output to the segment that just ended, so the shared
+    context is saved once. This is :func:`saved_tokens` less :func:`side_session_overlap`, the same
+    rule for every method so that their volumes compare.
+    """
+    return saved_tokens(rollout) - side_session_overlap(rollout)

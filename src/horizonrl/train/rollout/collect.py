@@ -18,7 +18,8 @@ from horizonrl.credit import flatten_rollouts
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
 from horizonrl.train.rollout.progress import EvalProgress, eval_progress_on, watched
-from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout, appended_tokens, saved_tokens
+from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout, saved_tokens
+from horizonrl.trajectory.rows import side_session_overlap
 
 
 def collect_groups(
@@ -81,6 +82,7 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         for k, v in (r.env.get("metrics") or {}).items():
             extra.setdefault(f"{prefix}rollout/{k}", []).append(float(v))
     kinds.update({k: float(np.mean(v)) for k, v in extra.items()})
+    saved = [saved_tokens(r) for r in rollouts]  # build_rows once per rollout
     return kinds | {
         f"{prefix}reward/mean": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
         f"{prefix}success/rate": sum(r.success for r in rollouts) / n,
@@ -96,10 +98,13 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}rollout/max_turns_rate": term.count("max_turns") / n,
         f"{prefix}rollout/forks_mean": sum(r.env.get("forks", 0) for r in rollouts) / n,
         # Trajectory volume (ECHO Fig. 2): saved segment tokens; the tokens processed beside it.
-        f"{prefix}rollout/trajectory_tokens_mean": sum(saved_tokens(r) for r in rollouts) / n,
+        f"{prefix}rollout/trajectory_tokens_mean": sum(saved) / n,
         # the same with selection / summary / compaction sessions counted by what they add to their
         # parent's context (ECHO's released accounting appends the selector to the ending segment)
-        f"{prefix}rollout/trajectory_tokens_appended_mean": sum(appended_tokens(r) for r in rollouts) / n,
+        f"{prefix}rollout/trajectory_tokens_appended_mean": (
+            sum(saved) - sum(map(side_session_overlap, rollouts))
+        )
+        / n,
         f"{prefix}rollout/processed_tokens_mean": sum(len(t.prompt_ids) + len(t.response_ids) for t in turns)
         / n,
     }
