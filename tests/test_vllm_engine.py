@@ -192,6 +192,51 @@ def test_prefix_caching_reuses_shared_prefixes(engine, policy):
     assert _max_diff(model, prompts, warm) < TOL
 
 
+def test_stream_gives_each_request_what_generate_gives_it(engine, policy):
+    """vLLM's continuous batching as a stream: requests join between engine steps, with their own seeds."""
+    _, tok = policy
+    prompts = _prompts(7, len(tok), seed=9)
+    params = [
+        SamplingParams(temperature=0.8, max_new_tokens=10),
+        SamplingParams(max_new_tokens=6, stop=("a",)),
+    ]
+    stream = engine.open_stream()
+    got, k, steps = {}, 0, 0
+    while k < len(prompts) or stream.pending:
+        if k < len(prompts) and steps % 2 == 0:  # a new request every other step
+            stream.add(k, prompts[k], params[k % 2], 500 + k)
+            k += 1
+        got.update(stream.step())
+        steps += 1
+    assert sorted(got) == list(range(7))
+    for i, p in enumerate(prompts):
+        (want,) = engine.generate([p], params[i % 2], seeds=[500 + i])
+        assert (
+            got[i].ids == want.ids and got[i].finish_reason == want.finish_reason and got[i].text == want.text
+        )
+        np.testing.assert_allclose(got[i].logprobs, want.logprobs, atol=TOL)
+
+
+def test_async_driver_on_vllm_matches_sync_with_path_seeds(engine, policy):
+    from horizonrl.agents.driver import Generate, drive
+
+    _, tok = policy
+    prompts = _prompts(6, len(tok), seed=10)
+    params = SamplingParams(max_new_tokens=8)
+
+    def prog(i):
+        out = []
+        for turn in range(1 + i % 3):
+            g = yield Generate(prompts[i] + [7] * turn, params)
+            out.append(g.ids)
+        return out
+
+    engine.set_seed(3)
+    sync = drive(engine, [prog(i) for i in range(6)], mode="sync", path_seeds=True)
+    engine.set_seed(3)
+    assert drive(engine, [prog(i) for i in range(6)], mode="async") == sync
+
+
 def test_sync_updates_weights_in_place(engine, policy):
     """After a training-like update, vLLM matches HF with the new weights (the tied-head refresh)."""
     model, tok = policy

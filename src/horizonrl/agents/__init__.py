@@ -1,6 +1,8 @@
 """Agent loops: drive an engine and environments, produce :class:`~horizonrl.trajectory.Rollout` s.
 
-- :mod:`.driver` — runs agent programs (generators) with batched generation;
+- :mod:`.program` — agent programs (generators) and the requests they yield;
+- :mod:`.driver` — runs them with batched generation, round by round, or
+  (:mod:`.scheduler`) episode by episode;
 - :mod:`.react` — the ReAct episode program and :func:`run_episodes`;
 - :mod:`.context` — context managers (``append`` and the registry); the others
   register themselves in their own modules, imported here.

@@ -60,3 +60,15 @@ class RolloutConfig(_Section):
         "compare every kept prompt with a fresh rendering of the conversation and report the first "
         "token where they differ (rollout/token_mismatch; costs one rendering per turn)",
     )
+    driver: str = opt(
+        "sync",
+        "how agent programs run: 'sync' (round by round: every turn of every episode generates in one "
+        "batch and waits for the slowest), or 'async' (episode by episode: each request goes to the engine "
+        "as soon as it is made, environment steps of different episodes run concurrently in env_threads "
+        "threads; every request sampled from its path seed, so results do not depend on timing; "
+        "docs/architecture.md). 'sync' stays the default because it reproduces the recorded results",
+        choices=("sync", "async"),
+    )
+    env_threads: int = opt(
+        8, "threads that resume agent programs (environment steps) under driver 'async'", ge=1, le=1024
+    )

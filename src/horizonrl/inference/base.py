@@ -10,7 +10,7 @@ before an update.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +59,56 @@ class Generation:
     meta: dict = field(default_factory=dict)
 
 
+class GenerationStream(ABC):
+    """Continuous batching: requests join a running batch and leave it as soon as they end.
+
+    ``add`` queues a request (from any thread); ``step`` (one thread) admits the queued ones, runs one
+    decode step of the running batch and returns ``(key, Generation)`` for every request that ended;
+    ``pending`` says whether a ``step`` has anything to do. Every request is sampled from its ``seed``
+    (:mod:`horizonrl.inference.seeding`).
+    """
+
+    @abstractmethod
+    def add(self, key: Hashable, prompt: Sequence[int], params: SamplingParams, seed: int) -> None: ...
+
+    @abstractmethod
+    def step(self) -> list[tuple[Hashable, Generation]]: ...
+
+    @property
+    @abstractmethod
+    def pending(self) -> bool: ...
+
+
+class MappedStream(GenerationStream):
+    """A stream in front of another (what an :class:`EngineWrapper` returns from ``open_stream``):
+    ``before(params)`` may change a request's params or answer it at once (return a Generation);
+    ``after(gen, params)`` post-processes each generation that ends."""
+
+    def __init__(self, inner: GenerationStream, before=None, after=None) -> None:
+        self.inner, self.before, self.after = inner, before, after
+        self._params: dict[Hashable, SamplingParams] = {}
+        self._ready: list[tuple[Hashable, Generation]] = []
+
+    def add(self, key, prompt, params, seed) -> None:
+        got = self.before(params) if self.before is not None else params
+        if isinstance(got, Generation):
+            self._ready.append((key, got))
+            return
+        self._params[key] = got
+        self.inner.add(key, prompt, got, seed)
+
+    def step(self) -> list[tuple[Hashable, Generation]]:
+        done, self._ready = self._ready, []
+        for key, gen in self.inner.step() if self.inner.pending else []:
+            params = self._params.pop(key)
+            done.append((key, self.after(gen, params) if self.after is not None else gen))
+        return done
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._ready) or self.inner.pending
+
+
 class Engine(ABC):
     #: Whether ``generate`` honours ``SamplingParams.top_logprobs`` / ``SamplingParams.ignore_eos``.
     supports_top_logprobs: bool = False
@@ -70,6 +120,10 @@ class Engine(ABC):
     #: continued in a later call, whose matcher replays them first).
     supports_grammar: bool = False
     supports_grammar_resume: bool = False
+    #: Whether ``generate`` takes ``seeds=`` (one per prompt; the sample then depends on its seed only,
+    #: :mod:`horizonrl.inference.seeding`) and ``draw_seeds`` gives fresh ones: what the asynchronous
+    #: driver needs (:mod:`horizonrl.agents.scheduler`).
+    supports_seeds: bool = False
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
@@ -85,6 +139,15 @@ class Engine(ABC):
         self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
     ) -> list[np.ndarray]:
         """Log-prob of every continuation token given its context (teacher forcing, no grad)."""
+
+    def open_stream(self) -> GenerationStream | None:
+        """A continuous batcher over this engine (:class:`GenerationStream`), or None when the engine only
+        generates whole batches (the asynchronous driver then batches whole calls)."""
+        return None
+
+    def draw_seeds(self, n: int) -> list[int]:
+        """``n`` request seeds in ``[0, 2**62)`` from the engine's checkpointed RNG (``supports_seeds``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw request seeds")
 
     def sync(self, state_dict: Mapping | None = None) -> None:  # noqa: B027
         """Load new policy weights: ``state_dict`` if given; ``None`` means "the training model
@@ -106,6 +169,18 @@ class EngineWrapper(Engine):
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    @property
+    def supports_seeds(self) -> bool:  # a subclass whose generate drops ``seeds=`` sets False
+        return bool(getattr(self.inner, "supports_seeds", False))
+
+    def draw_seeds(self, n: int) -> list[int]:
+        return self.inner.draw_seeds(n)
+
+    def open_stream(self) -> GenerationStream | None:
+        """None: a wrapper whose ``generate`` changes requests or results must say how its stream does
+        (override); a stream straight from the wrapped engine would skip it."""
+        return None
 
     def score(self, contexts, continuations) -> list[np.ndarray]:
         return self.inner.score(contexts, continuations)

@@ -20,48 +20,23 @@ token and the row ends when the grammar is complete. Without a grammar nothing o
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.batching import eval_mode, left_pad
+from horizonrl.inference.hf_stream import HFStream, open_hf_stream
 from horizonrl.inference.seeding import request_uniforms
 from horizonrl.inference.stops import StopWatcher, as_id_set
 
 __all__ = ["HFEngine"]
 
 _SCORE_LOGITS = 2**28  # at most this many logits (1 GiB in float32) per score() forward, beyond one row
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Run in eval mode under ``torch.inference_mode``; restore train mode afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        if was_training:
-            model.train()
-
-
-def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device):
-    """Left-pad ``seqs`` into ``(ids, attention_mask, position_ids)``; positions count real tokens only."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        if seq:
-            ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
-    pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-    return ids.to(device), mask.to(device), pos.to(device)
 
 
 def _draw(
@@ -119,6 +94,7 @@ class HFEngine(Engine):
     supports_interrupt = True
     supports_grammar = True
     supports_grammar_resume = True
+    supports_seeds = True
 
     def __init__(
         self,
@@ -163,6 +139,17 @@ class HFEngine(Engine):
     def set_rng_state(self, state: torch.Tensor) -> None:
         """Restore a state returned by ``rng_state``."""
         self._generator.set_state(state)
+
+    def draw_seeds(self, n: int) -> list[int]:
+        """``n`` request seeds from the sampling generator (:mod:`horizonrl.inference.seeding`)."""
+        if n == 0:
+            return []
+        draw = torch.randint(0, 2**62, (n,), generator=self._generator, device=self.device, dtype=torch.int64)
+        return draw.tolist()
+
+    def open_stream(self) -> HFStream | None:
+        """Continuous batching over this engine (:mod:`horizonrl.inference.hf_stream`)."""
+        return open_hf_stream(self)
 
     def _forward(self, ids, mask, pos, cache=None, keep: int = 0) -> torch.Tensor:
         """Logits of the last ``keep`` positions (all if 0)."""
@@ -277,7 +264,7 @@ class HFEngine(Engine):
         # Group prompts of similar length into the same chunk to reduce padding.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: dict[int, Generation] = {}
-        with _eval_mode(self.model):
+        with eval_mode(self.model):
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 stop_early = None
@@ -305,7 +292,7 @@ class HFEngine(Engine):
         matchers = None if params.grammar is None else self._matchers(params.grammar, prompts, generated)
         seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
         udtype = torch.float32 if self.device.type == "mps" else torch.float64
-        ids, mask, pos = _left_pad(prompts, self.pad_id, self.device)
+        ids, mask, pos = left_pad(prompts, self.pad_id, self.device)
         cache = self._new_cache()
         logits = self._forward(ids, mask, pos, cache, keep=1)[:, -1]
         next_pos = pos[:, -1:] + 1
@@ -428,7 +415,7 @@ class HFEngine(Engine):
         )
         vocab = self.model.config.get_text_config().vocab_size
         start = 0
-        with _eval_mode(self.model):
+        with eval_mode(self.model):
             while start < len(todo):
                 rows = max(
                     1, min(self.max_batch_size, _SCORE_LOGITS // ((len(conts[todo[start]]) + 1) * vocab))
@@ -442,7 +429,7 @@ class HFEngine(Engine):
     def _score_chunk(self, ctxs: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
         # Left padding aligns every sequence's end, so only the last max_k + 1 positions need logits.
         seqs = [c + k for c, k in zip(ctxs, conts, strict=True)]
-        ids, mask, pos = _left_pad(seqs, self.pad_id, self.device)
+        ids, mask, pos = left_pad(seqs, self.pad_id, self.device)
         max_k = max(len(k) for k in conts)
         logits = self._forward(ids, mask, pos, keep=max_k + 1)[:, :-1]
         out = []

@@ -143,9 +143,20 @@ class RayEngine(SeedStateMixin, Engine):
             parts[r].append(i)
         return parts
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    supports_seeds = True
+
+    def draw_seeds(self, n: int) -> list[int]:
+        return self.seeds.draw(n)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Split ``prompts`` across the replicas by the router; each prompt is sampled with its seed
+        (``seeds``, or drawn here in prompt order), so the split does not change the samples."""
         prompts = [list(p) for p in prompts]
-        seeds = self.seeds.draw(len(prompts))
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"RayEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        seeds = self.seeds.draw(len(prompts)) if seeds is None else [int(s) for s in seeds]
         if not prompts:
             return []
         parts = self._split(self.router.assign(prompts))

@@ -13,6 +13,12 @@ ranks (torchrun) would change the samples. With *request seeding*:
   ``s + (t + 1) * 0x9E3779B97F4A7C15``, top 53 bits), so it is the same on any
   replica, in any batch, in any order.
 
+An agent driver can also fix every request's seed itself (:func:`path_seed`): a
+rollout draws one seed from the engine RNG, and each of its requests gets the
+seed of its place in the rollout (which subagent, which call), so the samples do
+not depend on the order requests reach the engine either (the asynchronous
+driver, :mod:`horizonrl.agents.scheduler`).
+
 Given the same logits a request therefore gets the same tokens wherever it
 runs; only floating-point differences between batch shapes (~1e-7 in
 float32) remain, which change a token only when a uniform lands within that
@@ -36,14 +42,35 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def request_uniforms(seeds: Sequence[int] | np.ndarray, step: int) -> np.ndarray:
-    """Uniforms in ``[0, 1)`` (float64) for token ``step`` of requests with ``seeds`` (SplitMix64)."""
+def request_uniforms(seeds: Sequence[int] | np.ndarray, step: int | np.ndarray) -> np.ndarray:
+    """Uniforms in ``[0, 1)`` (float64) for token ``step`` of requests with ``seeds`` (SplitMix64);
+    ``step`` is one int, or one per request (rows of a continuous batch are at different tokens)."""
     with np.errstate(over="ignore"):
-        x = np.asarray(seeds, dtype=np.int64).astype(np.uint64) + np.uint64(step + 1) * _GOLDEN
+        t = np.asarray(step, dtype=np.int64).astype(np.uint64) + np.uint64(1)
+        x = np.asarray(seeds, dtype=np.int64).astype(np.uint64) + t * _GOLDEN
         x = (x ^ (x >> np.uint64(30))) * _M1
         x = (x ^ (x >> np.uint64(27))) * _M2
         x = x ^ (x >> np.uint64(31))
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser on a Python int (64-bit wrap-around)."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def path_seed(seed: int, path: Sequence[int]) -> int:
+    """The request seed (in ``[0, 2**62)``) at ``path`` under a rollout seed: a SplitMix64 chain,
+    ``x <- mix(x + (e + 1) * golden)`` over the path's entries, starting from ``mix(seed)``."""
+    x = _mix64(int(seed) & _MASK64)
+    for e in path:
+        x = _mix64((x + (int(e) + 1) * 0x9E3779B97F4A7C15) & _MASK64)
+    return x >> 2
 
 
 class RequestSeeds:
@@ -98,5 +125,17 @@ class SeededEngine(SeedStateMixin, EngineWrapper):
         self.supports_ignore_eos = engine.supports_ignore_eos
         self.supports_grammar = getattr(engine, "supports_grammar", False)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        return self.inner.generate(prompts, params, seeds=self.seeds.draw(len(prompts)))
+    supports_seeds = True
+
+    def draw_seeds(self, n: int) -> list[int]:
+        return self.seeds.draw(n)
+
+    def open_stream(self):
+        return self.inner.open_stream()  # a stream request carries its own seed
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Sample with ``seeds`` (one per prompt) when given, else with seeds drawn here in prompt order."""
+        seeds = self.seeds.draw(len(prompts)) if seeds is None else seeds
+        return self.inner.generate(prompts, params, seeds=seeds)

@@ -103,6 +103,7 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams  # noqa:
 from horizonrl.inference.registry import register_engine  # noqa: E402
 from horizonrl.inference.stops import as_id_set, first_stop  # noqa: E402
 from horizonrl.inference.vllm_reaper import mapped_shm, start_time  # noqa: E402
+from horizonrl.inference.vllm_stream import VLLMStream  # noqa: E402
 from horizonrl.models import lora as lora_utils  # noqa: E402
 
 try:  # the registry turns an ImportError into "install horizonrl[vllm]"
@@ -268,6 +269,7 @@ class VLLMEngine(Engine):
     """
 
     supports_grammar_resume = False
+    supports_seeds = True
 
     def __init__(
         self,
@@ -413,7 +415,7 @@ class VLLMEngine(Engine):
     def set_rng_state(self, state: torch.Tensor) -> None:
         self._generator.set_state(state)
 
-    def _seeds(self, n: int) -> list[int]:
+    def draw_seeds(self, n: int) -> list[int]:
         return torch.randint(0, 2**62, (n,), generator=self._generator).tolist()
 
     # ------------------------------------------------------------------ sampling
@@ -432,9 +434,25 @@ class VLLMEngine(Engine):
         ``seeds`` (one per prompt) replace the engine RNG's draws: a replica of a Ray engine or a
         torchrun rank samples with the seeds of the call it serves a share of
         (:mod:`horizonrl.inference.seeding`)."""
+        prompts = [[int(t) for t in p] for p in prompts]
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        sps = self.request_params(prompts, params, seeds)
+        if not prompts:
+            return []
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            sps,
+            use_tqdm=False,
+            lora_request=self._lora_request,
+        )
+        return self.generations(outs, params)
+
+    def request_params(self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None):
+        """Check ``prompts`` and return one vLLM ``SamplingParams`` per prompt (``seeds``: one each, or
+        None to draw them); wakes a sleeping engine."""
         from vllm import SamplingParams as VSP
 
-        prompts = [[int(t) for t in p] for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("VLLMEngine.generate: every prompt needs at least one token")
         if params.stop and self.tokenizer is None:
@@ -465,14 +483,12 @@ class VLLMEngine(Engine):
                 "recomputes full-vocabulary ones: use algo.old_logprobs=recompute",
                 params.top_p,
             )
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
         if params.greedy:
             seeds = [None] * len(prompts)
         elif seeds is None:
-            seeds = self._seeds(len(prompts))
+            seeds = self.draw_seeds(len(prompts))
         stop_ids = sorted(self.eos_ids)
-        sps = [
+        return [
             VSP(
                 n=1,
                 temperature=0.0 if params.greedy else params.temperature,
@@ -488,12 +504,9 @@ class VLLMEngine(Engine):
             )
             for p, s in zip(prompts, seeds, strict=True)
         ]
-        outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
-            sps,
-            use_tqdm=False,
-            lora_request=self._lora_request,
-        )
+
+    def generations(self, outs, params: SamplingParams) -> list[Generation]:
+        """vLLM ``RequestOutput`` s -> generations (eos and stop strings as the HF engine ends them)."""
         gens = []
         for out in outs:
             c = out.outputs[0]
@@ -513,6 +526,10 @@ class VLLMEngine(Engine):
             for g, text in zip(gens, texts, strict=True):
                 g.text = text
         return gens
+
+    def open_stream(self) -> VLLMStream:
+        """Continuous batching through vLLM's engine loop (:mod:`horizonrl.inference.vllm_stream`)."""
+        return VLLMStream(self)
 
     def score(
         self, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]

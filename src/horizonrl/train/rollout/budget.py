@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from horizonrl.inference.base import Engine, EngineWrapper, Generation, SamplingParams
+from horizonrl.inference.base import Engine, EngineWrapper, Generation, MappedStream, SamplingParams
 
 
 @dataclass
@@ -85,8 +85,9 @@ class BudgetedEngine(EngineWrapper):
     def __init__(self, engine: Engine, budget: TokenBudget) -> None:
         super().__init__(engine)  # rng_state, set_seed, model, ... are the wrapped engine's
         self.budget = budget
+        self._reserved = 0  # worst case of the requests running in a stream
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, **kw) -> list[Generation]:
         b = self.budget
         left = b.left
         if left is not None and len(prompts) * params.max_new_tokens > left:
@@ -95,6 +96,29 @@ class BudgetedEngine(EngineWrapper):
             if per < 1:
                 return [Generation(ids=[], logprobs=[], text="", finish_reason="length") for _ in prompts]
             params = dataclasses.replace(params, max_new_tokens=per)
-        gens = self.inner.generate(prompts, params)
+        gens = self.inner.generate(prompts, params, **kw)
         b.spent += sum(len(g.ids) for g in gens)
         return gens
+
+    def open_stream(self):
+        """The wrapped engine's continuous batcher under the same guarantee: a request joins with
+        ``max_new_tokens`` clipped to what is left after every running request's worst case
+        (``_reserved``), or ends empty at once when nothing is."""
+        inner = self.inner.open_stream()
+        return None if inner is None else MappedStream(inner, before=self._reserve, after=self._spend)
+
+    def _reserve(self, params: SamplingParams) -> SamplingParams | Generation:
+        b = self.budget
+        left = b.left
+        if left is not None and params.max_new_tokens > left - self._reserved:
+            b.clipped = True
+            if left - self._reserved < 1:
+                return Generation(ids=[], logprobs=[], text="", finish_reason="length")
+            params = dataclasses.replace(params, max_new_tokens=left - self._reserved)
+        self._reserved += params.max_new_tokens
+        return params
+
+    def _spend(self, gen: Generation, params: SamplingParams) -> Generation:
+        self._reserved -= params.max_new_tokens
+        self.budget.spent += len(gen.ids)
+        return gen

@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+from horizonrl.agents.scheduler import supports_async
 from horizonrl.envs import get_env
 from horizonrl.envs.remote import EnvPool, runs_remotely
+from horizonrl.errors import ConfigError
 from horizonrl.inference import make_engine
-from horizonrl.inference.base import EngineWrapper, Generation
+from horizonrl.inference.base import EngineWrapper, Generation, MappedStream
 from horizonrl.inference.seeding import SeededEngine
 from horizonrl.tool_formats import ToolFormat
 
@@ -48,7 +50,7 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
 
         engine = make_ray_engine(cfg.inference.engine, model, tokenizer, settings=d, **kw)
         engine.program_threads = d.num_env_workers if remote_envs(cfg) else 1
-        return engine
+        return _with_driver(engine, cfg)
     if world_size > 1:
         from horizonrl.train.update.distributed import ShardedEngine, full_model_copy
 
@@ -56,10 +58,24 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
         if world.strategy == "fsdp":  # sharded weights: the engine samples from a full copy
             follow, model, kw["shared"] = (model if shared else None), full_model_copy(model, world), True
         inner = make_engine(cfg.inference.engine, model, tokenizer, device=device, **kw)
-        return ShardedEngine(inner, world, seed=cfg.train.seed, follow=follow)
+        return _with_driver(ShardedEngine(inner, world, seed=cfg.train.seed, follow=follow), cfg)
     engine = make_engine(cfg.inference.engine, model, tokenizer, device=device, **kw)
     if d.request_seeding(world_size):
         engine = SeededEngine(engine, cfg.train.seed)
+    return _with_driver(engine, cfg)
+
+
+def _with_driver(engine, cfg):
+    """``engine`` told which driver runs its programs (``rollout.driver``; read by ``agents.drive``)."""
+    r = cfg.rollout
+    if r.driver == "async":
+        if not supports_async(engine):
+            raise ConfigError(
+                f"rollout.driver='async' needs an engine that samples from request seeds; "
+                f"{type(engine).__name__} does not (torchrun ranks generate in lockstep: use 'sync')"
+            )
+        engine.program_threads = max(int(getattr(engine, "program_threads", 1) or 1), r.env_threads)
+    engine.driver = r.driver
     return engine
 
 
@@ -81,6 +97,10 @@ class FamilyTextEngine(EngineWrapper):
 
     def generate(self, prompts, params, **kw) -> list[Generation]:
         return self._canonical(self.inner.generate(prompts, params, **kw))
+
+    def open_stream(self):
+        inner = self.inner.open_stream()
+        return None if inner is None else MappedStream(inner, after=lambda g, _: self._canonical([g])[0])
 
 
 def for_family(engine, renderer):

@@ -197,7 +197,15 @@ class ShardedEngine(SeededEngine):
     prompt gets the same seed whatever rank generates it. ``follow`` (the training model, under FSDP)
     makes ``sync()`` gather its current weights into the engine's full copy; otherwise ``sync()`` is the
     inner engine's.
+
+    Every rank calls ``generate`` with the same batch at the same point, so the batches must not depend
+    on timing: ``supports_seeds`` is False and the asynchronous driver is not offered.
     """
+
+    supports_seeds = False
+
+    def open_stream(self):
+        return None
 
     def __init__(self, engine: Engine, world: World, *, seed: int = 0, follow: torch.nn.Module | None = None):
         super().__init__(engine, seed)

@@ -1,0 +1,59 @@
+"""Continuous batching through vLLM's own engine loop (the asynchronous driver's stream for vLLM).
+
+vLLM batches continuously inside ``LLMEngine``: ``add_request`` queues a request
+and each ``step`` runs one scheduler iteration over everything running, returning
+the outputs of the requests it advanced. :class:`VLLMStream` exposes that loop as
+a :class:`~horizonrl.inference.base.GenerationStream`: requests are queued under a
+lock by any thread and handed to vLLM inside :meth:`VLLMStream.step` (vLLM's engine
+is driven from one thread), each with the seed it was given, and a request's
+generation is built, exactly as :meth:`VLLMEngine.generate` builds it, the step it
+finishes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Hashable, Sequence
+
+from horizonrl.inference.base import Generation, GenerationStream, SamplingParams
+
+__all__ = ["VLLMStream"]
+
+
+class VLLMStream(GenerationStream):
+    """A :class:`VLLMEngine`'s continuous batcher (module docstring)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._queue: list[tuple[Hashable, list[int], SamplingParams, int]] = []
+        self._running: dict[str, tuple[Hashable, SamplingParams]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def add(self, key: Hashable, prompt: Sequence[int], params: SamplingParams, seed: int) -> None:
+        with self._lock:
+            self._queue.append((key, [int(t) for t in prompt], params, int(seed)))
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._queue) or bool(self._running)
+
+    def step(self) -> list[tuple[Hashable, Generation]]:
+        from vllm.inputs import TokensPrompt
+
+        e = self.engine
+        core = e.llm.llm_engine
+        with self._lock:
+            queued, self._queue = self._queue, []
+        for key, prompt, params, seed in queued:
+            (sp,) = e.request_params([prompt], params, [seed])
+            rid = f"horizonrl-{next(self._ids)}"
+            core.add_request(rid, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=e._lora_request)
+            self._running[rid] = (key, params)
+        done = []
+        for out in core.step():
+            if out.finished:
+                key, params = self._running.pop(out.request_id)
+                done.append((key, e.generations([out], params)[0]))
+        return done
