@@ -6,7 +6,7 @@ few token ids count as end-of-sequence, so lengths are geometric, capped at
 episode and turn from an exponential of mean ``--env-ms``, with a ``--slow-frac``
 share of steps ``--slow-x`` times longer: a sandboxed tool, a remote service). Each
 episode appends its generation and a ``--obs-len``-token observation to its context
-for ``--turns`` turns. The same episodes run under four drivers, taken in turns for
+for ``--turns`` turns. The same episodes run under four or five drivers, taken in turns for
 ``--rounds`` rounds (median reported, so load changes hit all alike). Every request is
 sampled from its path seed and the engine is reseeded per round, so within a round every
 driver generates the same tokens and the tokens/s ratio is the inverse wall-time ratio:
@@ -16,6 +16,8 @@ driver generates the same tokens and the tokens/s ratio is the inverse wall-time
 - ``sync_threads``: the same with the environment steps of a round in ``--threads`` threads;
 - ``async_calls``: the asynchronous driver over whole engine calls (what engines without a
   continuous batcher get: a call takes every request waiting when the engine is free);
+- ``async_no_reuse`` (HF only): the same as ``async`` with the HF engine's prefix reuse off
+  (``inference.params.prefix_reuse: false``);
 - ``async``: ``rollout.driver: async`` with ``--threads`` program threads and the engine's
   continuous batcher (:mod:`horizonrl.inference.hf_stream`; vLLM's engine loop,
   :mod:`horizonrl.inference.vllm_stream`).
@@ -112,10 +114,15 @@ def run_driver(name: str, engine, args, vocab: int, seed: int = 0) -> dict:
     programs = [episode(i, args, params, vocab) for i in range(args.episodes)]
     engine.set_seed(seed)  # every driver of a round samples the same tokens (path seeds)
     t = time.perf_counter()
-    if name == "async":  # the engine itself, so the driver gets its stream
+    if name.startswith("async") and name != "async_calls":  # the engine itself: the driver gets its stream
+        reuse = getattr(engine, "prefix_reuse", None)
+        if reuse is not None:
+            engine.prefix_reuse = name == "async"
         stats = DriveStats()
         tokens = sum(drive_async(engine, programs, threads=args.threads, stats=stats))
         busy, calls = stats.engine_busy, stats.calls
+        if reuse is not None:
+            engine.prefix_reuse = reuse
     else:  # a wrapper with no stream: whole calls, timed
         timed = TimedEngine(engine)
         timed.program_threads = 1 if name == "sync" else args.threads
@@ -147,7 +154,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-async-"))
     load = os.getloadavg()
     engine, vocab = make_engine(args, work)
-    drivers = ("sync", "sync_threads", "async_calls", "async")
+    drivers = ("sync", "sync_threads", "async_calls", "async_no_reuse", "async")
+    if args.engine != "hf":  # vLLM's prefix caching is its own, always on
+        drivers = tuple(d for d in drivers if d != "async_no_reuse")
     runs: dict[str, list[dict]] = {d: [] for d in drivers}
     run_driver(
         "sync", engine, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 1}), vocab
@@ -168,6 +177,8 @@ def main() -> None:
     tok = {d: summary["drivers"][d]["tok_s"] for d in drivers}
     summary["async_vs_sync"] = round(tok["async"] / tok["sync"], 2)
     summary["async_vs_sync_threads"] = round(tok["async"] / tok["sync_threads"], 2)
+    if "async_no_reuse" in tok:
+        summary["prefix_reuse_gain"] = round(tok["async"] / tok["async_no_reuse"], 2)
     summary["loadavg"] = [load, os.getloadavg()]
     print(json.dumps(summary, indent=1))
     if args.out:

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from horizonrl.agents import AgentSpec, LoopLimits
 from horizonrl.agents.driver import Generate, Spawn, drive
@@ -26,6 +27,7 @@ from horizonrl.envs.tools import format_answer, format_tool_call
 from horizonrl.errors import ConfigError
 from horizonrl.inference import HFEngine
 from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.prefix_store import common_prefix
 from horizonrl.inference.seeding import RequestSeeds, path_seed
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
 from horizonrl.train.methods.rtpo import RTPOTrainer, agent_turns
@@ -347,7 +349,22 @@ def test_training_with_the_async_driver_is_exact_and_reproducible(tiny_model_dir
     for m in first[1:]:
         assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3 and m["train/ratio_max_abs_log"] < 1e-3
         assert m["rollout/turns_mean"] > 0
+        assert m["rollout/prefix_cache_hit_rate"] > 0
     assert _fit(tiny_model_dir, tmp_path / "b") == first  # same seed, same threads: the same run
+    # Prefix reuse, checked from the rollouts: a turn prefilled only what it added to the previous turn of
+    # its rollout (the common prefix with that turn's prompt + response, all but the last token of each).
+    turns = 0
+    for r in read_jsonl(tmp_path / "a" / "rollouts" / "step_1.jsonl"):
+        prev = None
+        for t in r.turns:
+            want = 0
+            if prev is not None:
+                done = np.asarray(prev.prompt_ids + prev.response_ids[:-1])
+                want = min(common_prefix(done, np.asarray(t.prompt_ids)), len(t.prompt_ids) - 1)
+            assert t.info["cached_tokens"] == want
+            turns += prev is not None and want > 0
+            prev = t
+    assert turns > 0
 
 
 def test_rtpo_trunks_and_siblings_under_the_async_driver(tiny_model_dir, tmp_path):
@@ -431,3 +448,68 @@ def test_async_driver_composes_with_bounded_staleness(tiny_model_dir, tmp_path):
     trainer.close()
     assert [r["async/policy_version"] for r in records[1:]] == [0.0, 0.0, 1.0]
     assert all(r["rollout/turns_mean"] > 0 for r in records[1:])
+
+
+def test_prefix_reuse_gives_the_same_generations_and_skips_the_prefill(model_tok):
+    # Three groups of G=3 identical prompts (nine lineages), then each sample's next turn (prompt +
+    # generation + a 4-token observation) in its lineage, then a sibling that forks lineage 0 after three
+    # generated tokens. Every generation must equal generate() with its seed; the later turns prefill
+    # only what they add to their lineage's cache.
+    model, tok = model_tok
+    engine = HFEngine(model, tok)
+    params = SamplingParams(max_new_tokens=8, temperature=0.9)
+    rng = np.random.default_rng(4)
+    groups = [[int(x) for x in rng.integers(5, 300, size=20)] for _ in range(3)]
+    stream = engine.open_stream()
+    assert stream.store is not None
+
+    def run(requests):
+        for key, prompt, seed, lineage in requests:
+            stream.add(key, prompt, params, seed, lineage)
+        out = {}
+        while stream.pending:
+            out.update(stream.step())
+        return out
+
+    first = [(f"{g}-{k}", p, 10 * g + k, 3 * g + k) for g, p in enumerate(groups) for k in range(3)]
+    got = run(first)
+    obs = [7, 8, 9, 10]
+    second = [(f"{key}+", p + got[key].ids + obs, seed + 100, lin) for key, p, seed, lin in first]
+    got.update(run(second))
+    key0, p0, _, _ = first[0]
+    sibling = [("sib", p0 + got[key0].ids[:3], 999, 0)]  # lineage 0's kept cache: its second turn
+    got.update(run(sibling))
+    other = [("other", p0 + got[key0].ids[:3], 998, "new")]  # a new lineage reuses nothing
+    got.update(run(other))
+    for key, prompt, seed, _ in first + second + sibling + other:
+        (want,) = engine.generate([prompt], params, seeds=[seed])
+        assert got[key].ids == want.ids, key
+        np.testing.assert_allclose(got[key].logprobs, want.logprobs, atol=1e-5)
+    cached = {key: got[key].meta["cached_tokens"] for key in got}
+    assert [cached[key] for key, *_ in first] == [0] * 9 and cached["other"] == 0
+    for key, p, _, _ in first:  # the whole previous turn except its last token came from the cache
+        assert cached[f"{key}+"] == len(p) + len(got[key].ids) - 1
+    assert cached["sib"] == len(p0) + 3 - 1  # the common prefix, but not the last prompt token
+    stream.forget(0)
+    stream.step()
+    assert 0 not in stream.store.entries and len(stream.store.entries) == 9  # lineages 1-8 and "new"
+    assert HFEngine(model, tok, prefix_reuse=False).open_stream().store is None
+
+
+def test_prefix_store_keeps_one_cache_per_lineage():
+    from horizonrl.inference.prefix_store import PrefixStore
+
+    kv = [(torch.zeros(2, 5, 4), torch.zeros(2, 5, 4))]
+    assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4])) == 2
+    assert common_prefix(np.array([1, 2]), np.array([1, 2, 5])) == 2
+    assert common_prefix(np.array([], dtype=np.int64), np.array([1])) == 0
+    store = PrefixStore()
+    store.put("a", [1, 2, 3], kv)
+    store.put("a", [1, 2, 3, 4, 5], kv)  # replaces lineage a's cache
+    entry, m = store.match("a", [1, 2, 3, 9])
+    assert m == 3 and list(entry.ids) == [1, 2, 3, 4, 5]
+    assert store.match("a", [1, 2, 3, 4, 5])[1] == 4  # the last prompt token is always prefilled
+    assert store.match("a", [8, 9]) == (None, 0) and store.match("b", [1, 2, 3, 9]) == (None, 0)
+    assert store.nbytes == 2 * 2 * 5 * 4 * 4
+    store.forget("a")
+    assert store.entries == {}

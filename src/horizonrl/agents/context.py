@@ -32,6 +32,7 @@ fit (``overflow: truncate``) or ends the rollout (``overflow: fail``).
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
@@ -128,8 +129,13 @@ def generation_turn(prompt, gen: Generation, spans=None) -> Turn:
         truncated=gen.finish_reason == "length",
         spans=list(spans or []),
         temperature=gen.meta.get("temperature"),
-        info={"label_ids": list(gen.meta["label_ids"])} if "label_ids" in gen.meta else {},
+        info={k: copy.copy(gen.meta[k]) for k in _TURN_META if k in gen.meta},
     )
+
+
+#: Generation meta kept on the turn: SFT label ids; prompt tokens the engine took from its prefix cache
+#: (vLLM's prefix caching, the HF stream's prefix reuse; ``rollout/prefix_cache_hit_rate``).
+_TURN_META = ("label_ids", "cached_tokens")
 
 
 def observation_ids(ep: Episode, turn: Turn, result: StepResult) -> list[int]:

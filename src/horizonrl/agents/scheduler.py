@@ -78,6 +78,12 @@ def drive_async(
     return _Scheduler(engine, max(1, int(threads)), stats or DriveStats()).run(programs)
 
 
+def _lineage(task: Task) -> tuple:
+    """A program's requests share cached prefixes (:mod:`horizonrl.inference.prefix_store`): each is made
+    after the previous one ended, so what it reuses does not depend on timing."""
+    return (task.root, task.path)
+
+
 class _Scheduler:
     def __init__(self, engine: Engine, threads: int, stats: DriveStats) -> None:
         self.engine = engine
@@ -116,7 +122,7 @@ class _Scheduler:
             self.waiting.append((time.perf_counter(), task))
             return
         r = task.request
-        self.stream.add(task, list(r.prompt_ids), r.params, task.next_seed())
+        self.stream.add(task, list(r.prompt_ids), r.params, task.next_seed(), lineage=_lineage(task))
         self.stats.requests += 1
         with self.wake:
             self.wake.notify()
@@ -229,4 +235,6 @@ class _Scheduler:
         task: Task = item  # "resumed"
         self.busy.discard(task.root)
         settle(task, value, self.on_ready, self.on_request)
+        if task.done and self.stream is not None:
+            self.stream.forget(_lineage(task))  # the program ended
         self._start(task.root)

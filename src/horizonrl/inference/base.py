@@ -65,11 +65,22 @@ class GenerationStream(ABC):
     ``add`` queues a request (from any thread); ``step`` (one thread) admits the queued ones, runs one
     decode step of the running batch and returns ``(key, Generation)`` for every request that ended;
     ``pending`` says whether a ``step`` has anything to do. Every request is sampled from its ``seed``
-    (:mod:`horizonrl.inference.seeding`).
+    (:mod:`horizonrl.inference.seeding`); ``lineage`` names the agent program it comes from (requests of
+    one lineage may reuse each other's caches, :mod:`horizonrl.inference.prefix_store`).
     """
 
     @abstractmethod
-    def add(self, key: Hashable, prompt: Sequence[int], params: SamplingParams, seed: int) -> None: ...
+    def add(
+        self,
+        key: Hashable,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        seed: int,
+        lineage: Hashable = None,
+    ) -> None: ...
+
+    def forget(self, lineage: Hashable) -> None:  # noqa: B027
+        """``lineage`` (an agent program) makes no more requests: a stream may drop what it kept for it."""
 
     @abstractmethod
     def step(self) -> list[tuple[Hashable, Generation]]: ...
@@ -89,13 +100,16 @@ class MappedStream(GenerationStream):
         self._params: dict[Hashable, SamplingParams] = {}
         self._ready: list[tuple[Hashable, Generation]] = []
 
-    def add(self, key, prompt, params, seed) -> None:
+    def add(self, key, prompt, params, seed, lineage=None) -> None:
         got = self.before(params) if self.before is not None else params
         if isinstance(got, Generation):
             self._ready.append((key, got))
             return
         self._params[key] = got
-        self.inner.add(key, prompt, got, seed)
+        self.inner.add(key, prompt, got, seed, lineage)
+
+    def forget(self, lineage) -> None:
+        self.inner.forget(lineage)
 
     def step(self) -> list[tuple[Hashable, Generation]]:
         done, self._ready = self._ready, []

@@ -87,6 +87,9 @@ class HFEngine(Engine):
         seed: seed of the engine's ``torch.Generator`` (see ``set_seed``/``rng_state``).
         compact_fraction: finished rows are dropped from the batch and cache once at least this
             fraction of the running rows has finished (0 drops them at once; 1 never drops them).
+        prefix_reuse: under the asynchronous driver (continuous batching, :mod:`.hf_stream`), keep each
+            rollout's latest KV cache for its next prompt, which then prefills only what it adds
+            (:mod:`.prefix_store`).
     """
 
     supports_top_logprobs = True
@@ -105,6 +108,7 @@ class HFEngine(Engine):
         max_batch_size: int = 64,
         seed: int = 0,
         compact_fraction: float = 0.25,
+        prefix_reuse: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -115,6 +119,7 @@ class HFEngine(Engine):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
+        self.prefix_reuse = bool(prefix_reuse)
         eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
         eos |= as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         #: Token ids that end a generation (tokenizer + generation config); public, may be replaced.

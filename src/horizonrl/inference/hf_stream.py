@@ -38,6 +38,7 @@ from transformers.cache_utils import DynamicLayer
 
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
+from horizonrl.inference.prefix_store import PrefixEntry, PrefixStore
 from horizonrl.inference.seeding import request_uniforms
 from horizonrl.inference.stops import StopWatcher
 
@@ -49,7 +50,7 @@ def open_hf_stream(engine) -> HFStream | None:
     layers = getattr(engine._new_cache(), "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
-    return HFStream(engine)
+    return HFStream(engine, prefix_reuse=engine.prefix_reuse)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class _Row:
     key: Hashable
     seed: int
     max_new: int
+    prompt: list[int]
+    lineage: Hashable = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
@@ -72,13 +75,42 @@ class _Lane:
         self.cache = None
         self.mask = self.next_pos = self.logits = None
 
-    def admit(self, rows: list[_Row], prompts: list[list[int]]) -> None:
-        """Prefill ``prompts`` and join their rows to the batch (module docstring)."""
+    def admit(self, rows: list[_Row], store: PrefixStore | None) -> None:
+        """Prefill the rows' prompts and join them to the batch (module docstring).
+
+        Identical prompts are prefilled once; a prompt that shares a prefix with a kept cache (``store``)
+        prefills only the rest: the batch is ``[kept prefix | new tokens]``, each part left-padded, with
+        position ids counting real tokens only.
+        """
         e = self.engine
-        ids, mask, pos = left_pad(prompts, e.pad_id, e.device)
+        hits = [store.match(r.lineage, r.prompt) if store is not None else (None, 0) for r in rows]
+        first: dict[tuple, int] = {}  # same prompt, same cache reused: one computation, the same values
+        src = [
+            first.setdefault((tuple(r.prompt), id(h[0]), h[1]), len(first))
+            for r, h in zip(rows, hits, strict=True)
+        ]
+        unique = [list(key[0]) for key in first]
+        found = [hits[src.index(j)] for j in range(len(first))]
+        width = max(m for _, m in found)
+        ids, mask, pos = left_pad(
+            [p[m:] for p, (_, m) in zip(unique, found, strict=True)], e.pad_id, e.device
+        )
         cache = e._new_cache()
+        if width:
+            kept = torch.tensor([m for _, m in found], device=e.device)
+            for layer in range(len(cache.layers)):
+                cache.update(*_kept(found, layer, width), layer)
+            cols = torch.arange(width, device=e.device)
+            mask = torch.cat([(cols >= width - kept[:, None]).to(mask.dtype), mask], dim=1)
+            pos = pos + kept[:, None]
         logits = e._forward(ids, mask, pos, cache, keep=1)[:, -1]
         next_pos = pos[:, -1:] + 1
+        index = torch.tensor(src, dtype=torch.long, device=e.device)
+        if len(unique) < len(rows):  # duplicates share the first one's prefill
+            cache.batch_select_indices(index)
+            mask, next_pos, logits = mask[index], next_pos[index], logits[index]
+        for row, (_, m) in zip(rows, hits, strict=True):
+            row.meta["cached_tokens"] = m
         if not self.rows:
             self.rows, self.cache, self.mask, self.next_pos, self.logits = rows, cache, mask, next_pos, logits
             return
@@ -91,8 +123,9 @@ class _Lane:
         self.logits = torch.cat([self.logits, logits])
         self.rows = self.rows + rows
 
-    def advance(self) -> list[tuple[Hashable, Generation]]:
-        """Sample one token for every row; retire finished rows; forward the rest one position."""
+    def advance(self, store: PrefixStore | None = None) -> list[tuple[Hashable, Generation]]:
+        """Sample one token for every row; retire finished rows (their caches into ``store``); forward the
+        rest one position."""
         e, params = self.engine, self.params
         u = None
         if not params.greedy:
@@ -122,6 +155,8 @@ class _Lane:
             else:
                 keep.append(r)
         if finished:
+            if store is not None:
+                self._keep_caches([r for r in range(len(self.rows)) if r not in set(keep)], store)
             self._retire(keep)
             tokens = (
                 tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)] if keep else tokens[:0]
@@ -146,6 +181,17 @@ class _Lane:
             for row, reason in finished
         ]
 
+    def _keep_caches(self, done: list[int], store: PrefixStore) -> None:
+        """Put each finished row's cache (its prompt and all generated tokens but the last) in ``store``."""
+        for r in done:
+            row = self.rows[r]
+            cols = self.mask[r].nonzero().squeeze(-1)
+            ids = row.prompt + row.ids[:-1]
+            if len(cols) != len(ids):  # not a cache of exactly these tokens: keep nothing
+                continue
+            kv = [(layer.keys[r][:, cols], layer.values[r][:, cols]) for layer in self.cache.layers]
+            store.put(row.lineage, ids, kv)
+
     def _retire(self, keep: list[int]) -> None:
         self.rows = [self.rows[r] for r in keep]
         if not keep:
@@ -159,6 +205,22 @@ class _Lane:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
             self.mask = self.mask[:, lead:]
+
+
+def _kept(found: list[tuple[PrefixEntry | None, int]], layer: int, width: int) -> tuple[torch.Tensor, ...]:
+    """Layer ``layer``'s kept keys and values, ``[rows, heads, width, head_dim]``: each row's first ``m``
+    tokens of its entry, left-padded with zeros (all zeros for a row without one)."""
+    ref = next(entry.kv[layer][0] for entry, m in found if entry is not None and m)
+    out = []
+    for part in (0, 1):
+        rows = torch.zeros(
+            (len(found), ref.shape[0], width, ref.shape[2]), dtype=ref.dtype, device=ref.device
+        )
+        for r, (entry, m) in enumerate(found):
+            if entry is not None and m:
+                rows[r, :, width - m :] = entry.kv[layer][part][:, :m]
+        out.append(rows)
+    return tuple(out)
 
 
 def _pad_time(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -178,20 +240,34 @@ class HFStream:
     """Continuous batching over an :class:`HFEngine` (module docstring). ``add`` may be called from any
     thread; ``step`` from one thread at a time."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, prefix_reuse: bool = True) -> None:
         self.engine = engine
+        self.store = PrefixStore() if prefix_reuse else None
+        self._forget: list[Hashable] = []
         self.lanes: dict[SamplingParams, _Lane] = {}
-        self._queue: list[tuple[Hashable, list[int], SamplingParams, int]] = []
+        self._queue: list[tuple[Hashable, list[int], SamplingParams, int, Hashable]] = []
         self._lock = threading.Lock()
 
-    def add(self, key: Hashable, prompt: Sequence[int], params: SamplingParams, seed: int) -> None:
+    def add(
+        self,
+        key: Hashable,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        seed: int,
+        lineage: Hashable = None,
+    ) -> None:
         """Queue a request; its generation comes out of a later :meth:`step` under ``key``."""
         if not prompt:
             raise ValueError("HFStream.add: a prompt needs at least one token")
         if params.stop and self.engine.tokenizer is None:
             raise ValueError("HFStream.add: stop strings need a tokenizer")
         with self._lock:
-            self._queue.append((key, list(prompt), params, int(seed)))
+            self._queue.append((key, list(prompt), params, int(seed), lineage))
+
+    def forget(self, lineage: Hashable) -> None:
+        """``lineage`` makes no more requests: drop its kept cache (at the next step)."""
+        with self._lock:
+            self._forget.append(lineage)
 
     @property
     def pending(self) -> bool:
@@ -202,13 +278,17 @@ class HFStream:
         """Admit what was added, run one decode step of every lane, return the generations that ended."""
         with self._lock:
             queued, self._queue = self._queue, []
+            forget, self._forget = self._forget, []
+        for lineage in forget:
+            if self.store is not None:
+                self.store.forget(lineage)
         done: list[tuple[Hashable, Generation]] = []
         with eval_mode(self.engine.model):
             queued = self._admit(queued, done)
             for params in list(self.lanes):
                 lane = self.lanes[params]
                 if lane.rows:
-                    done.extend(lane.advance())
+                    done.extend(lane.advance(self.store))
                 if not lane.rows:
                     del self.lanes[params]
         if queued:  # over max_batch_size: the next step admits them
@@ -224,7 +304,7 @@ class HFStream:
         later = []
         for params, items in by_params.items():
             if params.grammar is not None:  # generated whole, by the batch path (module docstring)
-                gens = e.generate([p for _, p, _, _ in items], params, seeds=[s for *_, s in items])
+                gens = e.generate([it[1] for it in items], params, seeds=[it[3] for it in items])
                 done.extend((k, g) for (k, *_), g in zip(items, gens, strict=True))
                 continue
             if params not in self.lanes:
@@ -234,14 +314,8 @@ class HFStream:
             items, rest = items[:room], items[room:]
             later.extend(rest)
             if items:
-                rows = [
-                    _Row(
-                        k,
-                        s,
-                        params.max_new_tokens,
-                        watcher=StopWatcher(e.tokenizer, params.stop) if params.stop else None,
-                    )
-                    for k, _, _, s in items
-                ]
-                lane.admit(rows, [p for _, p, _, _ in items])
+                rows = [_Row(k, s, params.max_new_tokens, p, lin) for k, p, _, s, lin in items]
+                for row in rows:
+                    row.watcher = StopWatcher(e.tokenizer, params.stop) if params.stop else None
+                lane.admit(rows, self.store)
         return later

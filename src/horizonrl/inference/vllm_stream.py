@@ -31,7 +31,15 @@ class VLLMStream(GenerationStream):
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
-    def add(self, key: Hashable, prompt: Sequence[int], params: SamplingParams, seed: int) -> None:
+    def add(
+        self,
+        key: Hashable,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        seed: int,
+        lineage: Hashable = None,
+    ) -> None:
+        """Queue a request (``lineage`` is not needed: vLLM's prefix cache is shared by all requests)."""
         with self._lock:
             self._queue.append((key, [int(t) for t in prompt], params, int(seed)))
 

@@ -82,6 +82,12 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         for k, v in (r.env.get("metrics") or {}).items():
             extra.setdefault(f"{prefix}rollout/{k}", []).append(float(v))
     kinds.update({k: float(np.mean(v)) for k, v in extra.items()})
+    cached = [t for t in turns if "cached_tokens" in t.info]
+    if cached:  # prompt tokens served from the engine's prefix cache instead of prefilled
+        prompts = sum(len(t.prompt_ids) for t in cached)
+        kinds[f"{prefix}rollout/prefix_cache_hit_rate"] = sum(t.info["cached_tokens"] for t in cached) / max(
+            prompts, 1
+        )
     saved = [saved_tokens(r) for r in rollouts]  # build_rows once per rollout
     return kinds | {
         f"{prefix}reward/mean": float(np.mean([r.reward for r in rollouts])) if rollouts else 0.0,
