@@ -42,16 +42,18 @@ Writing a program::
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from horizonrl.agents.program import Generate, Program, Spawn, Task, resume, settle, tag_temperature
+from horizonrl.agents.program import Generate, Program, Spawn, Task, generate_for, resume, settle, start_roots
 from horizonrl.agents.scheduler import drive_async, supports_async
 from horizonrl.inference.base import Engine, Generation
 
 DRIVER_MODES = ("sync", "async")
+log = logging.getLogger(__name__)
 
 
 def drive(
@@ -66,17 +68,28 @@ def drive(
     mode = mode or getattr(engine, "driver", None) or "sync"
     if mode not in DRIVER_MODES:
         raise ValueError(f"driver mode must be one of {DRIVER_MODES}, got {mode!r}")
-    if mode == "async" and supports_async(engine):
-        return drive_async(engine, programs, threads=int(getattr(engine, "program_threads", 1) or 1))
+    if mode == "async":
+        if supports_async(engine):
+            return drive_async(engine, programs, threads=int(getattr(engine, "program_threads", 1) or 1))
+        _warn_sync(engine)
     if path_seeds and not supports_async(engine):
         raise ValueError(f"path seeds need an engine with supports_seeds; {type(engine).__name__} has none")
     return _drive_rounds(engine, programs, path_seeds=bool(path_seeds))
 
 
+def _warn_sync(engine: Engine) -> None:
+    name = type(engine).__name__
+    if name not in _WARNED:
+        _WARNED.add(name)
+        log.warning("driver 'async' needs an engine with request seeds; %s runs the sync driver", name)
+
+
+_WARNED: set[str] = set()
+
+
 def _drive_rounds(engine: Engine, programs: Sequence[Program], *, path_seeds: bool) -> list[Any]:
     """The round-synchronous driver (module docstring)."""
-    seeds = engine.draw_seeds(len(programs)) if path_seeds else [0] * len(programs)
-    roots = [Task(p, root=i, seed=s) for i, (p, s) in enumerate(zip(programs, seeds, strict=True))]
+    roots = start_roots(engine, programs, path_seeds=path_seeds)
     ready: deque[tuple[Task, Any]] = deque((t, None) for t in roots)
     pending: list[Task] = []
 
@@ -95,30 +108,11 @@ def _drive_rounds(engine: Engine, programs: Sequence[Program], *, path_seeds: bo
             if not pending:
                 break
             batch, pending = pending, []
-            _generate_round(engine, batch, ready, path_seeds)
+            ready.extend(generate_for(engine, batch, path_seeds=path_seeds))
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
     return [t.result for t in roots]
-
-
-def _generate_round(engine: Engine, batch: list[Task], ready: deque, path_seeds: bool) -> None:
-    """One engine call per distinct ``SamplingParams`` over the pending requests; queue the results."""
-    by_params: dict = {}
-    for t in batch:
-        by_params.setdefault(t.request.params, []).append(t)
-    for params, tasks in by_params.items():
-        if hasattr(engine, "generate_requests"):
-            gens = engine.generate_requests([t.request for t in tasks])
-        elif path_seeds:
-            prompts = [list(t.request.prompt_ids) for t in tasks]
-            gens = engine.generate(prompts, params, seeds=[t.next_seed() for t in tasks])
-        else:
-            gens = engine.generate([list(t.request.prompt_ids) for t in tasks], params)
-        if len(gens) != len(tasks):
-            raise RuntimeError(f"engine returned {len(gens)} generations for {len(tasks)} prompts")
-        tag_temperature(gens, params)
-        ready.extend(zip(tasks, gens, strict=True))
 
 
 def _advance_threaded(pool: ThreadPoolExecutor, ready: deque, on_ready, on_request) -> None:

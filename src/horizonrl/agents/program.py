@@ -135,3 +135,31 @@ def tag_temperature(gens: Sequence, params: SamplingParams) -> None:
     """Record on each generation the temperature its log-probs are of (``Turn.temperature``)."""
     for g in gens:
         g.meta.setdefault("temperature", params.temperature)
+
+
+def start_roots(engine, programs: Sequence[Program], *, path_seeds: bool) -> list[Task]:
+    """The root tasks of ``programs``; with ``path_seeds`` each rollout's seed is drawn from the engine."""
+    seeds = engine.draw_seeds(len(programs)) if path_seeds else [0] * len(programs)
+    return [Task(p, root=i, seed=s) for i, (p, s) in enumerate(zip(programs, seeds, strict=True))]
+
+
+def generate_for(engine, tasks: Sequence[Task], *, path_seeds: bool) -> list[tuple[Task, Any]]:
+    """Serve the tasks' pending ``Generate`` requests with whole engine calls, one per distinct
+    ``SamplingParams``: ``(task, generation)`` pairs. An engine with ``generate_requests`` (the expert)
+    answers the requests itself; with ``path_seeds`` every request is sampled from its path seed."""
+    by_params: dict[SamplingParams, list[Task]] = {}
+    for t in tasks:
+        by_params.setdefault(t.request.params, []).append(t)
+    done: list[tuple[Task, Any]] = []
+    for params, group in by_params.items():
+        if hasattr(engine, "generate_requests"):
+            gens = engine.generate_requests([t.request for t in group])
+        else:
+            prompts = [list(t.request.prompt_ids) for t in group]
+            kw = {"seeds": [t.next_seed() for t in group]} if path_seeds else {}
+            gens = engine.generate(prompts, params, **kw)
+        if len(gens) != len(group):
+            raise RuntimeError(f"engine returned {len(gens)} generations for {len(group)} prompts")
+        tag_temperature(gens, params)
+        done.extend(zip(group, gens, strict=True))
+    return done

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from horizonrl.agents.program import Program, Task, resume, settle, tag_temperature
+from horizonrl.agents.program import Program, Task, generate_for, resume, settle, start_roots, tag_temperature
 from horizonrl.inference.base import Engine
 
 #: Longest wait for more requests before a call, as a fraction of the previous call's duration.
@@ -141,11 +141,12 @@ class _Scheduler:
                         return
                 start = time.perf_counter()
                 done = stream.step()
-                took = time.perf_counter() - start
+                self.stats.engine_busy += time.perf_counter() - start  # this thread's alone until joined
                 self.stats.calls += 1
                 for task, gen in done:
                     tag_temperature([gen], task.request.params)
-                self.events.put(("streamed", done, took))
+                if done:
+                    self.events.put(("streamed", done, 0.0))
         except BaseException as e:  # raised by the coordinator
             self.events.put(("failed", None, e))
 
@@ -154,17 +155,7 @@ class _Scheduler:
     def _call(self, tasks: list[Task]) -> None:
         start = time.perf_counter()
         try:
-            by_params: dict = {}
-            for t in tasks:
-                by_params.setdefault(t.request.params, []).append(t)
-            done = []
-            for params, group in by_params.items():
-                prompts = [list(t.request.prompt_ids) for t in group]
-                gens = self.engine.generate(prompts, params, seeds=[t.next_seed() for t in group])
-                if len(gens) != len(group):
-                    raise RuntimeError(f"engine returned {len(gens)} generations for {len(group)} prompts")
-                tag_temperature(gens, params)
-                done.extend(zip(group, gens, strict=True))
+            done = generate_for(self.engine, tasks, path_seeds=True)
         except BaseException as e:  # raised by the coordinator
             self.events.put(("failed", None, e))
             return
@@ -192,8 +183,7 @@ class _Scheduler:
 
     def run(self, programs: Sequence[Program]) -> list[Any]:
         start = time.perf_counter()
-        seeds = self.engine.draw_seeds(len(programs))
-        roots = [Task(p, root=i, seed=s) for i, (p, s) in enumerate(zip(programs, seeds, strict=True))]
+        roots = start_roots(self.engine, programs, path_seeds=True)
         if self.stream is not None:
             self.engine_pool.submit(self._stream_loop)
         try:
@@ -214,6 +204,8 @@ class _Scheduler:
                 self.wake.notify()
             self.programs_pool.shutdown(wait=True, cancel_futures=True)
             self.engine_pool.shutdown(wait=True, cancel_futures=True)
+            if self.stream is not None:
+                self.stream.close()  # requests of a failed run must not leak into the next
             self.stats.wall += time.perf_counter() - start
         return [t.result for t in roots]
 
@@ -221,7 +213,6 @@ class _Scheduler:
         if kind == "failed":
             raise value
         if kind == "streamed":
-            self.stats.engine_busy += value
             for task, gen in item:
                 self.on_ready(task, gen)
             return

@@ -65,8 +65,9 @@ class RolloutConfig(_Section):
         "how agent programs run: 'sync' (round by round: every turn of every episode generates in one "
         "batch and waits for the slowest), or 'async' (episode by episode: each request goes to the engine "
         "as soon as it is made, environment steps of different episodes run concurrently in env_threads "
-        "threads; every request sampled from its path seed, so results do not depend on timing; "
-        "docs/architecture.md). 'sync' stays the default because it reproduces the recorded results",
+        "threads; every request is sampled from its path seed, so the samples do not depend on timing, up "
+        "to float rounding of batch shapes: bit-reproducible on CPU float32, not on a GPU; docs/scale.md). "
+        "'sync' stays the default because it reproduces the recorded results",
         choices=("sync", "async"),
     )
     env_threads: int = opt(

@@ -9,6 +9,7 @@ before an update.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class GenerationStream(ABC):
     def forget(self, lineage: Hashable) -> None:  # noqa: B027
         """``lineage`` (an agent program) makes no more requests: a stream may drop what it kept for it."""
 
+    def close(self) -> None:  # noqa: B027
+        """Drop every request still queued or running (the driver stopped: a program or the engine failed)."""
+
     @abstractmethod
     def step(self) -> list[tuple[Hashable, Generation]]: ...
 
@@ -93,26 +97,30 @@ class GenerationStream(ABC):
 class MappedStream(GenerationStream):
     """A stream in front of another (what an :class:`EngineWrapper` returns from ``open_stream``):
     ``before(params)`` may change a request's params or answer it at once (return a Generation);
-    ``after(gen, params)`` post-processes each generation that ends."""
+    ``after(gen, params)`` post-processes each generation that ends. Both run inside :meth:`step`, on
+    the thread that steps the stream, so a wrapper's bookkeeping (the token budget) needs no lock."""
 
     def __init__(self, inner: GenerationStream, before=None, after=None) -> None:
         self.inner, self.before, self.after = inner, before, after
         self._params: dict[Hashable, SamplingParams] = {}
-        self._ready: list[tuple[Hashable, Generation]] = []
+        self._queue: list[tuple] = []
+        self._lock = threading.Lock()
 
     def add(self, key, prompt, params, seed, lineage=None) -> None:
-        got = self.before(params) if self.before is not None else params
-        if isinstance(got, Generation):
-            self._ready.append((key, got))
-            return
-        self._params[key] = got
-        self.inner.add(key, prompt, got, seed, lineage)
-
-    def forget(self, lineage) -> None:
-        self.inner.forget(lineage)
+        with self._lock:
+            self._queue.append((key, prompt, params, seed, lineage))
 
     def step(self) -> list[tuple[Hashable, Generation]]:
-        done, self._ready = self._ready, []
+        with self._lock:
+            queued, self._queue = self._queue, []
+        done = []
+        for key, prompt, params, seed, lineage in queued:
+            got = self.before(params) if self.before is not None else params
+            if isinstance(got, Generation):
+                done.append((key, got))
+                continue
+            self._params[key] = got
+            self.inner.add(key, prompt, got, seed, lineage)
         for key, gen in self.inner.step() if self.inner.pending else []:
             params = self._params.pop(key)
             done.append((key, self.after(gen, params) if self.after is not None else gen))
@@ -120,7 +128,13 @@ class MappedStream(GenerationStream):
 
     @property
     def pending(self) -> bool:
-        return bool(self._ready) or self.inner.pending
+        return bool(self._queue) or self.inner.pending
+
+    def forget(self, lineage) -> None:
+        self.inner.forget(lineage)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class Engine(ABC):

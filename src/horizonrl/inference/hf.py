@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.hf_stream import HFStream, open_hf_stream
-from horizonrl.inference.seeding import request_uniforms
+from horizonrl.inference.seeding import draw_seeds, seeded_uniforms
 from horizonrl.inference.stops import StopWatcher, as_id_set
 
 __all__ = ["HFEngine"]
@@ -147,10 +147,7 @@ class HFEngine(Engine):
 
     def draw_seeds(self, n: int) -> list[int]:
         """``n`` request seeds from the sampling generator (:mod:`horizonrl.inference.seeding`)."""
-        if n == 0:
-            return []
-        draw = torch.randint(0, 2**62, (n,), generator=self._generator, device=self.device, dtype=torch.int64)
-        return draw.tolist()
+        return draw_seeds(self._generator, n)
 
     def open_stream(self) -> HFStream | None:
         """Continuous batching over this engine (:mod:`horizonrl.inference.hf_stream`)."""
@@ -296,7 +293,6 @@ class HFEngine(Engine):
         n = len(prompts)
         matchers = None if params.grammar is None else self._matchers(params.grammar, prompts, generated)
         seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
-        udtype = torch.float32 if self.device.type == "mps" else torch.float64
         ids, mask, pos = left_pad(prompts, self.pad_id, self.device)
         cache = self._new_cache()
         logits = self._forward(ids, mask, pos, cache, keep=1)[:, -1]
@@ -314,8 +310,7 @@ class HFEngine(Engine):
         for step in range(params.max_new_tokens):
             u = None
             if seed_arr is not None and not params.greedy:
-                u = torch.from_numpy(request_uniforms(seed_arr[rows], step)[:, None])
-                u = u.to(device=self.device, dtype=udtype)
+                u = seeded_uniforms(seed_arr[rows], step, self.device)
             dead = None
             if matchers is not None:
                 logits, dead = self._constrain(logits, matchers, rows, live)

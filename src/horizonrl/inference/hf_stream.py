@@ -36,10 +36,10 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.inference.base import Generation, GenerationStream, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.prefix_store import PrefixEntry, PrefixStore
-from horizonrl.inference.seeding import request_uniforms
+from horizonrl.inference.seeding import seeded_uniforms
 from horizonrl.inference.stops import StopWatcher
 
 __all__ = ["HFStream", "open_hf_stream"]
@@ -131,8 +131,7 @@ class _Lane:
         if not params.greedy:
             seeds = np.asarray([r.seed for r in self.rows], dtype=np.int64)
             steps = np.asarray([len(r.ids) for r in self.rows], dtype=np.int64)
-            dtype = torch.float32 if e.device.type == "mps" else torch.float64
-            u = torch.from_numpy(request_uniforms(seeds, steps)[:, None]).to(device=e.device, dtype=dtype)
+            u = seeded_uniforms(seeds, steps, e.device)
         tokens, logprobs, top = e._sample(self.logits, params, u)
         eos = frozenset() if params.ignore_eos else e.eos_ids
         top_pairs = None
@@ -236,7 +235,7 @@ def _pad_cols(mask: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], width - mask.shape[1])), mask], dim=1)
 
 
-class HFStream:
+class HFStream(GenerationStream):
     """Continuous batching over an :class:`HFEngine` (module docstring). ``add`` may be called from any
     thread; ``step`` from one thread at a time."""
 
@@ -263,6 +262,14 @@ class HFStream:
             raise ValueError("HFStream.add: stop strings need a tokenizer")
         with self._lock:
             self._queue.append((key, list(prompt), params, int(seed), lineage))
+
+    def close(self) -> None:
+        """Drop queued and running requests and kept caches."""
+        with self._lock:
+            self._queue, self._forget = [], []
+        self.lanes = {}
+        if self.store is not None:
+            self.store.entries.clear()
 
     def forget(self, lineage: Hashable) -> None:
         """``lineage`` makes no more requests: drop its kept cache (at the next step)."""

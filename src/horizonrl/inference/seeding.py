@@ -54,6 +54,20 @@ def request_uniforms(seeds: Sequence[int] | np.ndarray, step: int | np.ndarray) 
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
+def seeded_uniforms(seeds: np.ndarray, step: int | np.ndarray, device: torch.device) -> torch.Tensor:
+    """:func:`request_uniforms` as a ``[rows, 1]`` tensor on ``device`` (float64; float32 on MPS)."""
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    return torch.from_numpy(request_uniforms(seeds, step)[:, None]).to(device=device, dtype=dtype)
+
+
+def draw_seeds(generator: torch.Generator, n: int) -> list[int]:
+    """``n`` request seeds in ``[0, 2**62)`` (vLLM's range) from ``generator``."""
+    if n == 0:
+        return []
+    draw = torch.randint(0, 2**62, (n,), generator=generator, device=generator.device, dtype=torch.int64)
+    return draw.tolist()
+
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -81,9 +95,7 @@ class RequestSeeds:
         self.set_seed(seed)
 
     def draw(self, n: int) -> list[int]:
-        if n == 0:
-            return []
-        return torch.randint(0, 2**62, (n,), generator=self.generator, dtype=torch.int64).tolist()
+        return draw_seeds(self.generator, n)
 
     def set_seed(self, seed: int) -> None:
         self.generator.manual_seed(int(seed))

@@ -101,6 +101,7 @@ import torch  # noqa: E402
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams  # noqa: E402
 from horizonrl.inference.registry import register_engine  # noqa: E402
+from horizonrl.inference.seeding import draw_seeds  # noqa: E402
 from horizonrl.inference.stops import as_id_set, first_stop  # noqa: E402
 from horizonrl.inference.vllm_reaper import mapped_shm, start_time  # noqa: E402
 from horizonrl.inference.vllm_stream import VLLMStream  # noqa: E402
@@ -416,7 +417,7 @@ class VLLMEngine(Engine):
         self._generator.set_state(state)
 
     def draw_seeds(self, n: int) -> list[int]:
-        return torch.randint(0, 2**62, (n,), generator=self._generator).tolist()
+        return draw_seeds(self._generator, n)
 
     # ------------------------------------------------------------------ sampling
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections.abc import Hashable, Sequence
 
 from horizonrl.inference.base import Generation, GenerationStream, SamplingParams
@@ -29,6 +30,7 @@ class VLLMStream(GenerationStream):
         self._queue: list[tuple[Hashable, list[int], SamplingParams, int]] = []
         self._running: dict[str, tuple[Hashable, SamplingParams]] = {}
         self._ids = itertools.count()
+        self._prefix = f"horizonrl-{uuid.uuid4().hex[:12]}-"  # ids no other stream (or generate) uses
         self._lock = threading.Lock()
 
     def add(
@@ -49,6 +51,7 @@ class VLLMStream(GenerationStream):
 
     def step(self) -> list[tuple[Hashable, Generation]]:
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         e = self.engine
         core = e.llm.llm_engine
@@ -56,7 +59,8 @@ class VLLMStream(GenerationStream):
             queued, self._queue = self._queue, []
         for key, prompt, params, seed in queued:
             (sp,) = e.request_params([prompt], params, [seed])
-            rid = f"horizonrl-{next(self._ids)}"
+            sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
+            rid = f"{self._prefix}{next(self._ids)}"
             core.add_request(rid, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=e._lora_request)
             self._running[rid] = (key, params)
         done = []
@@ -65,3 +69,11 @@ class VLLMStream(GenerationStream):
                 key, params = self._running.pop(out.request_id)
                 done.append((key, e.generations([out], params)[0]))
         return done
+
+    def close(self) -> None:
+        """Abort what vLLM still runs for this stream, so a failed run leaves nothing behind."""
+        with self._lock:
+            self._queue = []
+        if self._running and self.engine._llm is not None:
+            self.engine.llm.llm_engine.abort_request(list(self._running))
+        self._running = {}

@@ -103,7 +103,9 @@ class BudgetedEngine(EngineWrapper):
     def open_stream(self):
         """The wrapped engine's continuous batcher under the same guarantee: a request joins with
         ``max_new_tokens`` clipped to what is left after every running request's worst case
-        (``_reserved``), or ends empty at once when nothing is."""
+        (``_reserved``), or ends empty at once when nothing is. Requests are clipped in the order they
+        join (the synchronous driver splits what is left evenly over a call), so once the budget runs
+        short the two drivers differ. Reserving and spending both happen in the stream's ``step``."""
         inner = self.inner.open_stream()
         return None if inner is None else MappedStream(inner, before=self._reserve, after=self._spend)
 
@@ -119,6 +121,6 @@ class BudgetedEngine(EngineWrapper):
         return params
 
     def _spend(self, gen: Generation, params: SamplingParams) -> Generation:
-        self._reserved -= params.max_new_tokens
         self.budget.spent += len(gen.ids)
+        self._reserved -= params.max_new_tokens
         return gen
