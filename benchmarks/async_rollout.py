@@ -32,6 +32,12 @@ default shape through the HF engine; ``--engine vllm`` through vLLM (CPU build i
 
     .venv/bin/python benchmarks/async_rollout.py
     .venv/bin/python benchmarks/async_rollout.py --env-ms 0     # generation lengths only
+
+``--train CONFIG`` instead trains ``--steps`` steps of a shipped or given config with each driver
+(``rollout.driver: sync`` then ``async``, same seed, no evaluation, no checkpoints) and prints the
+trainer's own rollout and update times and their ratios: what the driver changes in a training run::
+
+    .venv/bin/python benchmarks/async_rollout.py --train src/horizonrl/configs/rtpo_arithmetic.yaml --steps 6
 """
 
 from __future__ import annotations
@@ -133,6 +139,43 @@ def run_driver(name: str, engine, args, vocab: int, seed: int = 0) -> dict:
     return {"wall_s": wall, "tokens": tokens, "calls": calls, "idle": 1.0 - busy / wall}
 
 
+def train_drivers(args) -> dict:
+    """``--train``: the same short run under each driver; the trainer's time metrics side by side."""
+    from horizonrl.config import load_config
+    from horizonrl.train.records.metrics import read_metrics
+    from horizonrl.train.trainers.registry import make_trainer
+
+    work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-train-"))
+    out: dict = {"config": args.train, "steps": args.steps, "drivers": {}}
+    for driver in ("sync", "async"):
+        overrides = [
+            f"rollout.driver={driver}",
+            f"train.steps={args.steps}",
+            "train.eval_at_start=false",
+            f"train.eval_every={10**6}",
+            "train.save_every=0",
+            "train.progress=false",
+            f"train.out_dir={work / driver}",
+        ]
+        cfg = load_config(args.train, overrides)
+        t = time.perf_counter()
+        trainer = make_trainer(cfg)
+        trainer.fit()
+        trainer.close()
+        wall = time.perf_counter() - t
+        rows = [m for m in read_metrics(work / driver) if "time/rollout_s" in m]
+        out["drivers"][driver] = {
+            "wall_s": round(wall, 1),
+            "rollout_s": round(sum(m["time/rollout_s"] for m in rows), 1),
+            "update_s": round(sum(m.get("time/update_s", 0.0) for m in rows), 1),
+            "gen_tokens": int(rows[-1].get("budget/gen_tokens", 0)) if rows else 0,
+        }
+    s, a = out["drivers"]["sync"], out["drivers"]["async"]
+    out["rollout_speedup"] = round(s["rollout_s"] / max(a["rollout_s"], 1e-9), 2)
+    out["wall_speedup"] = round(s["wall_s"] / max(a["wall_s"], 1e-9), 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
@@ -149,8 +192,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=16, help="program threads (sync_threads, async)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--train", default=None, help="a config to train with each driver (see the docstring)")
+    ap.add_argument("--steps", type=int, default=6, help="training steps per driver with --train")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.train:
+        summary = train_drivers(args)
+        print(json.dumps(summary, indent=1))
+        if args.out:
+            Path(args.out).write_text(json.dumps(summary, indent=1))
+        return
     work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-async-"))
     load = os.getloadavg()
     engine, vocab = make_engine(args, work)

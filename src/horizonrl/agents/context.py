@@ -134,7 +134,7 @@ def generation_turn(prompt, gen: Generation, spans=None) -> Turn:
 
 
 #: Generation meta kept on the turn: SFT label ids; prompt tokens the engine took from its prefix cache
-#: (vLLM's prefix caching, the HF stream's prefix reuse; ``rollout/prefix_cache_hit_rate``).
+#: (vLLM's prefix caching, the HF stream's prefix reuse; ``throughput/prefix_cache_hit_rate``).
 _TURN_META = ("label_ids", "cached_tokens")
 
 

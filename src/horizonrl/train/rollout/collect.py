@@ -83,10 +83,11 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
             extra.setdefault(f"{prefix}rollout/{k}", []).append(float(v))
     kinds.update({k: float(np.mean(v)) for k, v in extra.items()})
     cached = [t for t in turns if "cached_tokens" in t.info]
-    if cached:  # prompt tokens served from the engine's prefix cache instead of prefilled
-        prompts = sum(len(t.prompt_ids) for t in cached)
-        kinds[f"{prefix}rollout/prefix_cache_hit_rate"] = sum(t.info["cached_tokens"] for t in cached) / max(
-            prompts, 1
+    if cached:  # prompt tokens served from the engine's prefix cache instead of prefilled; a throughput
+        # key: vLLM's cache holds whatever the process ran before, so the rate is not resume-exact
+        key = f"throughput/{prefix.replace('/', '_')}prefix_cache_hit_rate"
+        kinds[key] = sum(t.info["cached_tokens"] for t in cached) / max(
+            sum(len(t.prompt_ids) for t in cached), 1
         )
     saved = [saved_tokens(r) for r in rollouts]  # build_rows once per rollout
     return kinds | {
