@@ -166,7 +166,8 @@ def train_drivers(args) -> dict:
         rows = [m for m in read_metrics(work / driver) if "time/rollout_s" in m]
         out["drivers"][driver] = {
             "wall_s": round(wall, 1),
-            "rollout_s": round(sum(m["time/rollout_s"] for m in rows), 1),
+            # RTPO's trunk phase (time/phase1_s) is rollout time too
+            "rollout_s": round(sum(m["time/rollout_s"] + m.get("time/phase1_s", 0.0) for m in rows), 1),
             "update_s": round(sum(m.get("time/update_s", 0.0) for m in rows), 1),
             "gen_tokens": int(rows[-1].get("budget/gen_tokens", 0)) if rows else 0,
         }
