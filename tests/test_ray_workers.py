@@ -242,6 +242,34 @@ def test_a_run_with_environment_workers_matches_a_local_run(ray_session, tiny_mo
         remote[0].close()
 
 
+def test_async_driver_on_ray_workers_matches_a_local_async_run(ray_session, tiny_model_dir, tmp_path):
+    # The asynchronous driver over two Ray replicas (whole calls) and environment workers samples every
+    # request from its path seed, so it gives the local run's turns (where the HF engine streams).
+    extra = ("train.steps=1", "rollout.driver=async", "distributed.seeding=request")
+    local = _run(_cfg(tiny_model_dir, tmp_path / "l", *extra), steps=1)
+    remote = _run(
+        _cfg(
+            tiny_model_dir,
+            tmp_path / "r",
+            "distributed.backend=ray",
+            "distributed.num_engine_replicas=2",
+            "distributed.num_env_workers=2",
+            "distributed.env_actors=all",
+            *extra,
+        ),
+        steps=1,
+    )
+    try:
+        assert remote[0].engine.driver == "async" and remote[0].engine.program_threads == 8
+        turns_l, turns_r = _turns(local[1][0]), _turns(remote[1][0])
+        assert len(turns_l) >= 8
+        assert [t.response_ids for t in turns_l] == [t.response_ids for t in turns_r]
+        assert [t.reward for t in turns_l] == [t.reward for t in turns_r]
+    finally:
+        remote[0].close()
+        local[0].close()
+
+
 def test_rtpo_siblings_on_two_replicas_match_a_local_engine(ray_session, tiny_model_dir, tmp_path):
     from horizonrl.train.methods.rtpo import RTPOTrainer
 
