@@ -243,8 +243,9 @@ def test_a_run_with_environment_workers_matches_a_local_run(ray_session, tiny_mo
 
 
 def test_async_driver_on_ray_workers_matches_a_local_async_run(ray_session, tiny_model_dir, tmp_path):
-    # The asynchronous driver over two Ray replicas (whole calls) and environment workers samples every
-    # request from its path seed, so it gives the local run's turns (where the HF engine streams).
+    # The asynchronous driver over two Ray replicas (a stream across replicas, whole calls on each) and
+    # environment workers samples every request from its path seed, so it gives the local run's turns
+    # (where the HF engine streams).
     extra = ("train.steps=1", "rollout.driver=async", "distributed.seeding=request")
     local = _run(_cfg(tiny_model_dir, tmp_path / "l", *extra), steps=1)
     remote = _run(
@@ -261,6 +262,7 @@ def test_async_driver_on_ray_workers_matches_a_local_async_run(ray_session, tiny
     )
     try:
         assert remote[0].engine.driver == "async" and remote[0].engine.program_threads == 8
+        assert type(remote[0].engine.open_stream()).__name__ == "RayStream"  # replicas as one stream
         turns_l, turns_r = _turns(local[1][0]), _turns(remote[1][0])
         assert len(turns_l) >= 8
         assert [t.response_ids for t in turns_l] == [t.response_ids for t in turns_r]

@@ -94,6 +94,27 @@ class GenerationStream(ABC):
     def pending(self) -> bool: ...
 
 
+class QueuedStream(GenerationStream):
+    """A stream whose ``add`` only queues ``(key, prompt, params, seed, lineage)`` (from any thread) and
+    whose ``step`` takes the queue (:meth:`_take`, on the stepping thread)."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def add(self, key, prompt, params, seed, lineage=None) -> None:
+        with self._lock:
+            self._queue.append((key, [int(t) for t in prompt], params, int(seed), lineage))
+
+    def _take(self) -> list[tuple]:
+        with self._lock:
+            queued, self._queue = self._queue, []
+        return queued
+
+    def close(self) -> None:
+        self._take()
+
+
 class MappedStream(GenerationStream):
     """A stream in front of another (what an :class:`EngineWrapper` returns from ``open_stream``):
     ``before(params)`` may change a request's params or answer it at once (return a Generation);

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from horizonrl.inference.base import Engine, Generation, SamplingParams
+from horizonrl.inference.base import Engine, Generation, QueuedStream, SamplingParams
 from horizonrl.inference.routing import PrefixRouter
 from horizonrl.inference.seeding import RequestSeeds, SeedStateMixin
 
@@ -172,6 +172,10 @@ class RayEngine(SeedStateMixin, Engine):
                 out[i] = g
                 self.router.record(r, prompts[i] + list(g.ids))
         return out  # type: ignore[return-value]
+
+    def open_stream(self) -> RayStream:
+        """The replicas as one stream for the asynchronous driver (:class:`RayStream`)."""
+        return RayStream(self)
 
     def score(self, contexts, continuations) -> list[np.ndarray]:
         contexts = [list(c) for c in contexts]
@@ -311,3 +315,58 @@ def make_ray_engine(
     )
     local = model if shared else copy.deepcopy(model).eval().requires_grad_(False)
     return RayEngine(replicas, router, model=local, follow=shared, seed=seed, release=cluster.release)
+
+
+class RayStream(QueuedStream):
+    """The replicas of a :class:`RayEngine` as one stream (the asynchronous driver's engine side).
+
+    Each :meth:`step` hands what was added since the last one to the replicas without waiting (one call
+    per replica and ``SamplingParams``, routed by prefix as ``generate`` routes, each request with its
+    own seed) and returns the generations of the calls that have finished, so a replica starts its next
+    call while the others are still busy. A replica batches whole calls; the stream is across replicas.
+    """
+
+    #: How long a step waits for a replica's call to finish before returning (seconds).
+    POLL_S = 0.01
+
+    def __init__(self, engine: RayEngine) -> None:
+        super().__init__()
+        self.engine = engine
+        self._calls: dict[Any, tuple[int, list[tuple]]] = {}  # object ref -> (replica, its requests)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._queue) or bool(self._calls)
+
+    def step(self) -> list[tuple[Any, Generation]]:
+        e, ray = self.engine, self.engine._ray
+        by_params: dict[SamplingParams, list[tuple]] = {}
+        for item in self._take():
+            by_params.setdefault(item[2], []).append(item)
+        for params, items in by_params.items():
+            prompts = [it[1] for it in items]
+            for r, idx in enumerate(e._split(e.router.assign(prompts))):
+                if idx:
+                    part = [items[i] for i in idx]
+                    ref = e.replicas[r].generate.remote(
+                        [it[1] for it in part], params, [it[3] for it in part]
+                    )
+                    self._calls[ref] = (r, part)
+        if not self._calls:
+            return []
+        ready, rest = ray.wait(list(self._calls), num_returns=1, timeout=self.POLL_S)
+        if ready and rest:
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        done = []
+        for ref in ready:
+            r, part = self._calls.pop(ref)
+            for (key, prompt, *_), g in zip(part, ray.get(ref), strict=True):
+                g.meta["replica"] = r
+                e.router.record(r, prompt + list(g.ids))
+                done.append((key, g))
+        return done
+
+    def close(self) -> None:
+        """Forget queued requests and running calls (a replica finishes a call it started)."""
+        self._take()
+        self._calls = {}

@@ -13,37 +13,24 @@ finishes.
 from __future__ import annotations
 
 import itertools
-import threading
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 
-from horizonrl.inference.base import Generation, GenerationStream, SamplingParams
+from horizonrl.inference.base import Generation, QueuedStream, SamplingParams
 
 __all__ = ["VLLMStream"]
 
 
-class VLLMStream(GenerationStream):
-    """A :class:`VLLMEngine`'s continuous batcher (module docstring)."""
+class VLLMStream(QueuedStream):
+    """A :class:`VLLMEngine`'s continuous batcher (module docstring). ``lineage`` is not needed: vLLM's
+    prefix cache is shared by all requests."""
 
     def __init__(self, engine) -> None:
+        super().__init__()
         self.engine = engine
-        self._queue: list[tuple[Hashable, list[int], SamplingParams, int]] = []
         self._running: dict[str, tuple[Hashable, SamplingParams]] = {}
         self._ids = itertools.count()
         self._prefix = f"horizonrl-{uuid.uuid4().hex[:12]}-"  # ids no other stream (or generate) uses
-        self._lock = threading.Lock()
-
-    def add(
-        self,
-        key: Hashable,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        seed: int,
-        lineage: Hashable = None,
-    ) -> None:
-        """Queue a request (``lineage`` is not needed: vLLM's prefix cache is shared by all requests)."""
-        with self._lock:
-            self._queue.append((key, [int(t) for t in prompt], params, int(seed)))
 
     @property
     def pending(self) -> bool:
@@ -55,9 +42,7 @@ class VLLMStream(GenerationStream):
 
         e = self.engine
         core = e.llm.llm_engine
-        with self._lock:
-            queued, self._queue = self._queue, []
-        for key, prompt, params, seed in queued:
+        for key, prompt, params, seed, _ in self._take():
             (sp,) = e.request_params([prompt], params, [seed])
             sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
             rid = f"{self._prefix}{next(self._ids)}"
@@ -72,8 +57,7 @@ class VLLMStream(GenerationStream):
 
     def close(self) -> None:
         """Abort what vLLM still runs for this stream, so a failed run leaves nothing behind."""
-        with self._lock:
-            self._queue = []
+        self._take()
         if self._running and self.engine._llm is not None:
             self.engine.llm.llm_engine.abort_request(list(self._running))
         self._running = {}
