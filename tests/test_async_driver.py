@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -562,10 +563,56 @@ def test_prefix_store_keeps_one_cache_per_lineage():
     store = PrefixStore()
     store.put("a", [1, 2, 3], kv)
     store.put("a", [1, 2, 3, 4, 5], kv)  # replaces lineage a's cache
+    assert store.nbytes == 2 * 2 * 5 * 4 * 4
     entry, m = store.match("a", [1, 2, 3, 9])
     assert m == 3 and list(entry.ids) == [1, 2, 3, 4, 5]
+    assert store.entries == {}  # taken by its request, whose own cache replaces it when it ends
+    store.put("a", [1, 2, 3, 4, 5], kv)
     assert store.match("a", [1, 2, 3, 4, 5])[1] == 4  # the last prompt token is always prefilled
+    store.put("a", [1, 2, 3, 4, 5], kv)
     assert store.match("a", [8, 9]) == (None, 0) and store.match("b", [1, 2, 3, 9]) == (None, 0)
-    assert store.nbytes == 2 * 2 * 5 * 4 * 4
+    store.put("a", [1, 2, 3], kv)
     store.forget("a")
     assert store.entries == {}
+
+
+def test_ray_stream_gives_free_replicas_what_waits_and_keeps_busy_ones_to_one_call():
+    # Pure bookkeeping of RayStream (no Ray): replica 0 is busy with a call, so requests that the router
+    # sends there go to the free replica 1 instead of queueing behind it; once both are busy, requests
+    # wait; a closed stream releases what it held. (The Ray run itself: tests/test_ray_workers.py.)
+    from horizonrl.inference.ray_engine import RayStream
+    from horizonrl.inference.routing import PrefixRouter
+
+    calls = []
+
+    class Replica:
+        def __init__(self, r):
+            self.generate = types.SimpleNamespace(
+                remote=lambda prompts, params, seeds, r=r: calls.append(r) or object()
+            )
+
+    engine = types.SimpleNamespace(replicas=[Replica(0), Replica(1)], router=PrefixRouter(2))
+    stream = RayStream(engine)
+    stream._waiting = [("a", [1, 2, 3], P, 1, None)]
+    stream._dispatch()
+    assert calls == [0] and not stream._waiting  # both free: the router's choice
+    stream._waiting = [("b", [4, 5, 6], P, 2, None), ("c", [7, 8, 9], P, 3, None)]
+    stream._dispatch()  # replica 0 busy: one request goes to replica 1, the other waits
+    assert calls == [0, 1] and len(stream._waiting) == 1 and stream._waiting[0][0] in ("b", "c")
+    stream._dispatch()
+    assert calls == [0, 1] and len(stream._calls) == 2  # nothing free: nothing sent
+    stream._take = lambda: []
+    stream._calls = {}
+    stream.close()
+    assert stream._waiting == [] and not stream.pending
+
+
+def test_a_closed_budget_stream_releases_what_it_reserved(model_tok):
+    model, tok = model_tok
+    engine = BudgetedEngine(HFEngine(model, tok), TokenBudget(limit=100))
+    stream = engine.open_stream()
+    stream.add("k", [5, 6, 7], SamplingParams(max_new_tokens=20, ignore_eos=True), 1)
+    stream.step()  # joined and running: 20 tokens reserved
+    assert engine._reserved == 20
+    stream.close()
+    assert engine._reserved == 0 and not stream.pending

@@ -118,11 +118,12 @@ class QueuedStream(GenerationStream):
 class MappedStream(GenerationStream):
     """A stream in front of another (what an :class:`EngineWrapper` returns from ``open_stream``):
     ``before(params)`` may change a request's params or answer it at once (return a Generation);
-    ``after(gen, params)`` post-processes each generation that ends. Both run inside :meth:`step`, on
+    ``after(gen, params)`` post-processes each generation that ends; ``drop(params)`` is told of each
+    request still running when the stream is closed. They run inside :meth:`step` / :meth:`close`, on
     the thread that steps the stream, so a wrapper's bookkeeping (the token budget) needs no lock."""
 
-    def __init__(self, inner: GenerationStream, before=None, after=None) -> None:
-        self.inner, self.before, self.after = inner, before, after
+    def __init__(self, inner: GenerationStream, before=None, after=None, drop=None) -> None:
+        self.inner, self.before, self.after, self.drop = inner, before, after, drop
         self._params: dict[Hashable, SamplingParams] = {}
         self._queue: list[tuple] = []
         self._lock = threading.Lock()
@@ -156,6 +157,12 @@ class MappedStream(GenerationStream):
 
     def close(self) -> None:
         self.inner.close()
+        with self._lock:
+            self._queue = []
+        if self.drop is not None:
+            for params in self._params.values():
+                self.drop(params)
+        self._params = {}
 
 
 class Engine(ABC):

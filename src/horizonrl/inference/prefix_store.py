@@ -69,8 +69,10 @@ class PrefixStore:
 
     def match(self, lineage: Hashable, prompt: Sequence[int]) -> tuple[PrefixEntry | None, int]:
         """``(entry, m)``: ``lineage``'s cache and the length of its common prefix with ``prompt``, capped at
-        ``len(prompt) - 1``; ``(None, 0)`` when there is none or it shares no token."""
-        entry = self.entries.get(lineage) if lineage is not None else None
+        ``len(prompt) - 1``; ``(None, 0)`` when there is none or it shares no token. The entry leaves the
+        store (a lineage has one request at a time, whose own cache replaces it when it ends), so a
+        running request's prefix is not held twice."""
+        entry = self.entries.pop(lineage, None) if lineage is not None else None
         if entry is None:
             return None, 0
         m = min(common_prefix(entry.ids, np.asarray(prompt, dtype=np.int64)), len(prompt) - 1)

@@ -31,6 +31,7 @@ each round into per-replica batches with no gain in affinity.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import os
@@ -320,10 +321,12 @@ def make_ray_engine(
 class RayStream(QueuedStream):
     """The replicas of a :class:`RayEngine` as one stream (the asynchronous driver's engine side).
 
-    Each :meth:`step` hands what was added since the last one to the replicas without waiting (one call
-    per replica and ``SamplingParams``, routed by prefix as ``generate`` routes, each request with its
-    own seed) and returns the generations of the calls that have finished, so a replica starts its next
-    call while the others are still busy. A replica batches whole calls; the stream is across replicas.
+    Requests wait here until a replica is free. Each :meth:`step` routes what waits by prefix
+    (:class:`~horizonrl.inference.routing.PrefixRouter`, as ``generate`` does) and hands every *free*
+    replica the requests routed to it as one call per ``SamplingParams`` (each request with its own
+    seed); a request routed to a busy replica goes to a free one that got nothing, else waits. It then
+    returns the generations of the calls that have finished. So a replica starts its next call as soon
+    as it is free while the others still run theirs; each replica batches whole calls.
     """
 
     #: How long a step waits for a replica's call to finish before returning (seconds).
@@ -332,26 +335,39 @@ class RayStream(QueuedStream):
     def __init__(self, engine: RayEngine) -> None:
         super().__init__()
         self.engine = engine
+        self._waiting: list[tuple] = []
         self._calls: dict[Any, tuple[int, list[tuple]]] = {}  # object ref -> (replica, its requests)
 
     @property
     def pending(self) -> bool:
-        return bool(self._queue) or bool(self._calls)
+        return bool(self._queue) or bool(self._waiting) or bool(self._calls)
+
+    def _dispatch(self) -> None:
+        e = self.engine
+        busy = {r for r, _ in self._calls.values()}
+        free = [r for r in range(len(e.replicas)) if r not in busy]
+        if not free or not self._waiting:
+            return
+        groups: dict[int, list[tuple]] = {r: [] for r in free}
+        later = []
+        for item, r in zip(self._waiting, e.router.assign([it[1] for it in self._waiting]), strict=True):
+            groups.get(r, later).append(item)
+        self._waiting = []
+        for item in later:  # its replica is busy: a free one that got nothing takes it, else it waits
+            idle = [r for r in free if not groups[r]]
+            (groups[idle[0]] if idle else self._waiting).append(item)
+        for r, items in groups.items():
+            by_params: dict[SamplingParams, list[tuple]] = {}
+            for item in items:
+                by_params.setdefault(item[2], []).append(item)
+            for params, part in by_params.items():
+                ref = e.replicas[r].generate.remote([it[1] for it in part], params, [it[3] for it in part])
+                self._calls[ref] = (r, part)
 
     def step(self) -> list[tuple[Any, Generation]]:
         e, ray = self.engine, self.engine._ray
-        by_params: dict[SamplingParams, list[tuple]] = {}
-        for item in self._take():
-            by_params.setdefault(item[2], []).append(item)
-        for params, items in by_params.items():
-            prompts = [it[1] for it in items]
-            for r, idx in enumerate(e._split(e.router.assign(prompts))):
-                if idx:
-                    part = [items[i] for i in idx]
-                    ref = e.replicas[r].generate.remote(
-                        [it[1] for it in part], params, [it[3] for it in part]
-                    )
-                    self._calls[ref] = (r, part)
+        self._waiting += self._take()
+        self._dispatch()
         if not self._calls:
             return []
         ready, rest = ray.wait(list(self._calls), num_returns=1, timeout=self.POLL_S)
@@ -367,6 +383,10 @@ class RayStream(QueuedStream):
         return done
 
     def close(self) -> None:
-        """Forget queued requests and running calls (a replica finishes a call it started)."""
+        """Drop waiting requests and cancel running calls (best effort: a call a replica started ends)."""
         self._take()
+        self._waiting = []
+        for ref in self._calls:
+            with contextlib.suppress(Exception):
+                self.engine._ray.cancel(ref)
         self._calls = {}

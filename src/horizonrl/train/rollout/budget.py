@@ -107,7 +107,9 @@ class BudgetedEngine(EngineWrapper):
         join (the synchronous driver splits what is left evenly over a call), so once the budget runs
         short the two drivers differ. Reserving and spending both happen in the stream's ``step``."""
         inner = self.inner.open_stream()
-        return None if inner is None else MappedStream(inner, before=self._reserve, after=self._spend)
+        if inner is None:
+            return None
+        return MappedStream(inner, before=self._reserve, after=self._spend, drop=self._release)
 
     def _reserve(self, params: SamplingParams) -> SamplingParams | Generation:
         b = self.budget
@@ -119,6 +121,9 @@ class BudgetedEngine(EngineWrapper):
             params = dataclasses.replace(params, max_new_tokens=left - self._reserved)
         self._reserved += params.max_new_tokens
         return params
+
+    def _release(self, params: SamplingParams) -> None:
+        self._reserved -= params.max_new_tokens  # a request the closed stream never finished
 
     def _spend(self, gen: Generation, params: SamplingParams) -> Generation:
         self.budget.spent += len(gen.ids)
