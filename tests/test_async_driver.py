@@ -301,8 +301,9 @@ def test_tiny_model_rollouts_match_between_drivers(model_tok):
         assert ra.reward == rb.reward and ra.termination == rb.termination
 
 
-class ForkPolicy(SeedEcho):
-    """A scripted lookup agent that picks, from its request seed, whether to fork or answer at once."""
+class ScriptedPolicy(SeedEcho):
+    """A scripted lookup agent: ``say(context, seed)`` is its reply, so every choice comes from the
+    request's seed."""
 
     def __init__(self, tok, seed=0, delay=0.0):
         super().__init__(seed, delay)
@@ -311,15 +312,9 @@ class ForkPolicy(SeedEcho):
     def generate(self, prompts, params, *, seeds=None):
         out = []
         for p, s in zip(prompts, seeds, strict=True):
-            ctx = self.tok.decode(p)
-            if "You are a research subagent" in ctx or "Subagent #1:" in ctx or s % 3 == 0:
-                text = format_answer(str(s % 11))
-            else:
-                tasks = [{"task": f"look up part {s % 7}"}, {"task": f"look up part {s % 5}"}]
-                text = format_tool_call("fork", {"subagents": tasks})
-            ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id][
-                : params.max_new_tokens
-            ]
+            text = self.say(self.tok.decode(p), s)
+            ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
+            ids = ids[: params.max_new_tokens]
             out.append(
                 Generation(ids, [-0.1] * len(ids), self.tok.decode(ids, skip_special_tokens=True), "stop")
             )
@@ -327,32 +322,25 @@ class ForkPolicy(SeedEcho):
         return out
 
 
-class SearchPolicy(SeedEcho):
-    """A scripted lookup agent whose every choice comes from its request seed: searches, a final answer,
-    and whatever a compaction or memory-selection session asks for."""
+class ForkPolicy(ScriptedPolicy):
+    """Forks two subagents or answers at once; subagents and the reviewing turn answer."""
 
-    def __init__(self, tok, seed=0, delay=0.0):
-        super().__init__(seed, delay)
-        self.tok = tok
+    def say(self, ctx, s):
+        if "You are a research subagent" in ctx or "Subagent #1:" in ctx or s % 3 == 0:
+            return format_answer(str(s % 11))
+        tasks = [{"task": f"look up part {s % 7}"}, {"task": f"look up part {s % 5}"}]
+        return format_tool_call("fork", {"subagents": tasks})
 
-    def generate(self, prompts, params, *, seeds=None):
-        out = []
-        for p, s in zip(prompts, seeds, strict=True):
-            ctx = self.tok.decode(p)
-            if "<session_history>" in ctx:
-                text = f"<summary>fact {s % 5}</summary>" if s % 4 else "no summary"
-            elif s % 9 == 0:
-                text = format_answer(str(s % 3))
-            else:
-                text = format_tool_call("search", {"query": f"entity {s % 6}"})
-            ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id][
-                : params.max_new_tokens
-            ]
-            out.append(
-                Generation(ids, [-0.1] * len(ids), self.tok.decode(ids, skip_special_tokens=True), "stop")
-            )
-        time.sleep(self.delay)
-        return out
+
+class SearchPolicy(ScriptedPolicy):
+    """Searches, answers, and writes whatever a compaction or memory-selection session asks for."""
+
+    def say(self, ctx, s):
+        if "<session_history>" in ctx:
+            return f"<summary>fact {s % 5}</summary>" if s % 4 else "no summary"
+        if s % 9 == 0:
+            return format_answer(str(s % 3))
+        return format_tool_call("search", {"query": f"entity {s % 6}"})
 
 
 @pytest.mark.parametrize(

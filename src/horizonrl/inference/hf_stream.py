@@ -28,15 +28,14 @@ stream (:func:`open_hf_stream` returns None) and the driver batches whole calls.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from horizonrl.inference.base import Generation, GenerationStream, SamplingParams
+from horizonrl.inference.base import Generation, QueuedStream, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.prefix_store import PrefixEntry, PrefixStore
 from horizonrl.inference.seeding import seeded_uniforms
@@ -235,38 +234,30 @@ def _pad_cols(mask: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], width - mask.shape[1])), mask], dim=1)
 
 
-class HFStream(GenerationStream):
+class HFStream(QueuedStream):
     """Continuous batching over an :class:`HFEngine` (module docstring). ``add`` may be called from any
     thread; ``step`` from one thread at a time."""
 
     def __init__(self, engine, prefix_reuse: bool = True) -> None:
+        super().__init__()
         self.engine = engine
         self.store = PrefixStore() if prefix_reuse else None
         self._forget: list[Hashable] = []
         self.lanes: dict[SamplingParams, _Lane] = {}
-        self._queue: list[tuple[Hashable, list[int], SamplingParams, int, Hashable]] = []
-        self._lock = threading.Lock()
 
-    def add(
-        self,
-        key: Hashable,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        seed: int,
-        lineage: Hashable = None,
-    ) -> None:
+    def add(self, key, prompt, params, seed, lineage=None) -> None:
         """Queue a request; its generation comes out of a later :meth:`step` under ``key``."""
         if not prompt:
             raise ValueError("HFStream.add: a prompt needs at least one token")
         if params.stop and self.engine.tokenizer is None:
             raise ValueError("HFStream.add: stop strings need a tokenizer")
-        with self._lock:
-            self._queue.append((key, list(prompt), params, int(seed), lineage))
+        super().add(key, prompt, params, seed, lineage)
 
     def close(self) -> None:
         """Drop queued and running requests and kept caches."""
+        self._take()
         with self._lock:
-            self._queue, self._forget = [], []
+            self._forget = []
         self.lanes = {}
         if self.store is not None:
             self.store.entries.clear()
@@ -283,8 +274,8 @@ class HFStream(GenerationStream):
 
     def step(self) -> list[tuple[Hashable, Generation]]:
         """Admit what was added, run one decode step of every lane, return the generations that ended."""
+        queued = self._take()
         with self._lock:
-            queued, self._queue = self._queue, []
             forget, self._forget = self._forget, []
         for lineage in forget:
             if self.store is not None:
