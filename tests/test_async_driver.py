@@ -393,7 +393,15 @@ def test_training_with_the_async_driver_is_exact_and_reproducible(tiny_model_dir
     for m in first[1:]:
         assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3 and m["train/ratio_max_abs_log"] < 1e-3
         assert m["rollout/turns_mean"] > 0
-    assert _fit(tiny_model_dir, tmp_path / "b") == first  # same seed, same threads: the same run
+    # Same seed, same threads: the same rollouts and rewards. The engine's log-probs (continuous batching:
+    # a row's neighbours in the decode batch vary with timing) and what is computed from them agree to
+    # float rounding, not bit for bit.
+    second = _fit(tiny_model_dir, tmp_path / "b")
+    exact = ("rollout/", "reward/", "budget/", "step")
+    assert [{k: v for k, v in m.items() if k.startswith(exact)} for m in second] == [
+        {k: v for k, v in m.items() if k.startswith(exact)} for m in first
+    ]
+    assert second == [pytest.approx(m, rel=1e-4, abs=1e-5) for m in first]
     assert all(m["throughput/prefix_cache_hit_rate"] > 0 for m in read_metrics(tmp_path / "a")[1:])
     # Prefix reuse, checked from the rollouts: a turn prefilled only what it added to the previous turn of
     # its rollout (the common prefix with that turn's prompt + response, all but the last token of each).

@@ -17,7 +17,7 @@ from horizonrl.inference.base import Generation
 from horizonrl.inference.routing import PrefixRouter, block_hashes
 from horizonrl.inference.seeding import RequestSeeds, SeededEngine, request_uniforms
 from horizonrl.models import load_model_and_tokenizer
-from horizonrl.train.update.ppo import rank_chunks
+from horizonrl.train.update.chunks import rank_chunks
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,16 @@ class AlgoConfig(_Section):
         "one to float rounding. With sdpa/eager attention (CPU) the masked attention spans the whole packed "
         "sequence (quadratic in algo.micro_batch_tokens); flash-attention's varlen kernels skip it",
     )
+    tree_training: str | bool = opt(
+        "auto",
+        "shared-prefix (tree) training: 'auto' forwards the rows of a micro-batch that share a token "
+        "prefix (a group's prompt, RTPO's trunk and siblings, a fork's parent context) as one tree with "
+        "a tree attention mask, so each shared token is forwarded and back-propagated once (exact to "
+        "float rounding; rows join a tree only where a cost model of the model's shape says it is cheaper, "
+        "and models without sdpa/eager full attention train without trees); 'off' (YAML's bare off / false "
+        "read as 'off', true as 'auto'): every row on its own",
+        choices=("auto", "off", True, False),
+    )
     old_logprobs: str = opt(
         "rollout",
         "PPO's pi_old: 'rollout' (the log-probs the rollout engine recorded) or 'recompute' (one no-grad "
@@ -99,6 +109,8 @@ class AlgoConfig(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.tree_training, bool):  # YAML 1.1 reads a bare `off` as false
+            object.__setattr__(self, "tree_training", "auto" if self.tree_training else "off")
         if 0 < self.micro_batch_tokens < 64:
             raise ConfigError(
                 f"algo.micro_batch_tokens={self.micro_batch_tokens!r}: must be >= 64, or 0 (sized from "

@@ -66,7 +66,8 @@ class RolloutConfig(_Section):
         "batch and waits for the slowest), or 'async' (episode by episode: each request goes to the engine "
         "as soon as it is made, environment steps of different episodes run concurrently in env_threads "
         "threads; every request is sampled from its path seed, so the samples do not depend on timing, up "
-        "to float rounding of batch shapes: bit-reproducible on CPU float32, not on a GPU; docs/scale.md). "
+        "to float rounding of batch shapes: the same tokens on CPU float32 (log-probs to ~5e-7), not "
+        "promised on a GPU; docs/scale.md). "
         "'sync' stays the default because it reproduces the recorded results",
         choices=("sync", "async"),
     )

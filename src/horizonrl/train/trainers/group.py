@@ -169,6 +169,7 @@ class GroupTrainer(Trainer):
             tis_mode=cfg.algo.tis_mode,
             logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
             pack_rows=cfg.algo.pack_rows,
+            tree_training=cfg.algo.tree_training,
             precision=cfg.train.precision,
         )
         #: Background collection of future batches (train.max_staleness > 0), else None.

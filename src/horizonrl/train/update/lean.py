@@ -49,12 +49,14 @@ class ForwardOptions:
     """How the update computes per-token log-probs (``UpdateSettings.forward``).
 
     ``chunk_tokens``: positions per LM-head chunk (0 = the plain full-logits path); ``pack``: one
-    packed sequence per micro-batch; ``precision``: ``'fp32'`` or ``'bf16'`` (autocast).
+    packed sequence per micro-batch; ``precision``: ``'fp32'`` or ``'bf16'`` (autocast); ``tree``:
+    micro-batches are planned as shared-prefix forests (``train/update/tree.py``) where the model allows.
     """
 
     chunk_tokens: int = 0
     pack: bool = False
     precision: str = "fp32"
+    tree: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -154,8 +156,10 @@ class LogprobHead(torch.nn.Module):
         return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
-def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions) -> torch.Tensor:
-    """``token_logprobs`` of a right-padded ``RowBatch`` through the chunked head and/or packed rows.
+def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions, forest=None) -> torch.Tensor:
+    """``token_logprobs`` of a right-padded ``RowBatch`` through the chunked head and/or packed rows,
+    or through ``forest`` (the batch's rows as shared-prefix trees,
+    :class:`~horizonrl.train.update.tree.Forest`).
 
     Positions without a target (padding) are 0; the rest equal the plain path to float rounding.
     """
@@ -166,7 +170,16 @@ def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions) -> torch.
     targets = batch.targets[:, : T - 1][valid]
     temps = batch.temperatures[:, : T - 1][valid]
     temps = temps if bool((temps != 1.0).any()) else None
-    if opts.pack:
+    if forest is not None:
+        where = forest.where[:, :T]
+        impl = getattr(unwrap(model).config, "_attn_implementation", "sdpa")
+        dtype = next(unwrap(model).parameters()).dtype
+        kwargs = {
+            "input_ids": forest.input_ids,
+            "position_ids": forest.position_ids,
+            "attention_mask": forest.attention_mask(impl, dtype),
+        }
+    elif opts.pack:
         where = torch.cumsum(att.reshape(-1).long(), 0).reshape(B, T) - 1  # token's place in the packed row
         kwargs = {
             "input_ids": batch.input_ids[:, :T][att].unsqueeze(0),
@@ -193,25 +206,35 @@ _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def verify_once(
-    model: torch.nn.Module, batch, opts: ForwardOptions, plain: Callable, *, tokens: int = 24
+    model: torch.nn.Module,
+    batch,
+    opts: ForwardOptions,
+    plain: Callable,
+    *,
+    tokens: int = 24,
+    forest: Callable | None = None,
 ) -> None:
     """Compare :func:`lean_logprobs` with ``plain`` on the first two rows' first ``tokens`` tokens, once
     per model and option kind; a ConfigError when they differ by more than float rounding.
+
+    ``forest`` (a function laying a batch out as one shared-prefix tree, ``tree.build_forest``): check
+    the tree path instead, on the first row and a copy of it whose second half is reversed (two rows
+    that share a prefix and then diverge).
 
     Runs without autocast and without gradients. The tolerance is 2e-3 nats for float32 parameters and
     5e-2 for 16-bit ones: a structural difference (logit post-processing, packed position ids ignored)
     on a real model is larger, but on a near-uniform random model it may stay under it.
     """
-    key = (opts.chunk_tokens > 0, opts.pack)
+    key = (opts.chunk_tokens > 0, opts.pack and forest is None, forest is not None)
     try:
         done = _VERIFIED.setdefault(model, set())
     except TypeError:  # not weak-referenceable: check every call
         done = set()
     if key in done:
         return
-    n = min(2, len(batch))
+    n = 1 if forest is not None else min(2, len(batch))
     L = min(tokens, int(batch.attention_mask[:n].sum(1).max()))
-    if L < 2 or (opts.pack and n < 2):  # nothing to compare (packing needs two rows): check a later batch
+    if L < 2 or (opts.pack and n < 2 and forest is None):  # nothing to compare: check a later batch
         return
     W = batch.input_ids.shape[1]
     small = type(batch)(
@@ -221,12 +244,20 @@ def verify_once(
             for v in [getattr(batch, k)]
         }
     )
+    layout = None
+    if forest is not None:
+        if L < 4:
+            return
+        small = type(small)(**{k: torch.cat([v, v]) for k, v in vars(small).items()})
+        small.input_ids[1, L // 2 : L] = small.input_ids[1, L // 2 : L].flip(0)
+        small.targets[1] = small.input_ids[1, 1:L]
+        layout = forest(small)
     training = model.training
     try:
         with torch.no_grad(), torch.autocast(small.input_ids.device.type, enabled=False):
             model.eval()  # no dropout: both paths must see the same function
             ref = plain(model, small)
-            got = lean_logprobs(model, small, ForwardOptions(min(opts.chunk_tokens, 5), opts.pack))
+            got = lean_logprobs(model, small, ForwardOptions(min(opts.chunk_tokens, 5), opts.pack), layout)
     finally:
         model.train(training)
     valid = small.attention_mask[:, 1:L].bool()
@@ -235,12 +266,18 @@ def verify_once(
     tol = 2e-3 if dtype in (torch.float32, torch.float64) else 5e-2
     if not diff <= tol:
         impl = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", "?")
+        what = "tree " if forest is not None else "packed " if opts.pack else ""
+        fields = "algo.tree_training=auto" if forest is not None else _fields(opts)
+        fix = (
+            "algo.tree_training=off"
+            if forest is not None
+            else "train.logprob_chunk_tokens=0 and algo.pack_rows=false"
+        )
         raise ConfigError(
-            f"{_fields(opts)}: the log-probs of {type(unwrap(model)).__name__} through the "
-            f"{'packed ' if opts.pack else ''}{'chunked ' if opts.chunk_tokens else ''}path differ from "
+            f"{fields}: the log-probs of {type(unwrap(model)).__name__} through the "
+            f"{what}{'chunked ' if opts.chunk_tokens else ''}path differ from "
             f"its plain forward by {diff:.3g} nats (tolerance {tol:g}); the model's forward or attention "
-            f"implementation ({impl}) "
-            "does not support it: set train.logprob_chunk_tokens=0 and algo.pack_rows=false"
+            f"implementation ({impl}) does not support it: set {fix}"
         )
     done.add(key)
 

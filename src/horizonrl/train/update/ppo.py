@@ -45,8 +45,10 @@ from horizonrl.errors import NonFiniteError
 from horizonrl.losses import aggregate, kl_penalty, policy_loss, rollout_correction, token_coefficients
 from horizonrl.losses.mismatch import CORRECTION_LEVELS, CORRECTION_MODES
 from horizonrl.train.records.checkpoint import check_finite
-from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
+from horizonrl.train.update.batching import collate, token_logprobs, verify_trees
+from horizonrl.train.update.chunks import update_chunks
 from horizonrl.train.update.lean import ForwardOptions
+from horizonrl.train.update.tree import tree_cost
 from horizonrl.trajectory import Row
 from horizonrl.vocab import OldLogprobs
 
@@ -79,16 +81,22 @@ class UpdateSettings:
     logprob_chunk_tokens: int = 0
     pack_rows: bool = False
     precision: str = "fp32"
+    #: 'auto': rows sharing a token prefix are forwarded as trees (train/update/tree.py); 'off'.
+    tree_training: str = "off"
 
     @property
     def forward(self) -> ForwardOptions:
         """How the update computes log-probs (:func:`~horizonrl.train.update.batching.token_logprobs`)."""
-        return ForwardOptions(self.logprob_chunk_tokens, self.pack_rows, self.precision)
+        return ForwardOptions(
+            self.logprob_chunk_tokens, self.pack_rows, self.precision, tree=self.tree_training == "auto"
+        )
 
     def __post_init__(self) -> None:
         self.forward  # noqa: B018 (validates precision and chunk size)
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"old_logprobs={self.old_logprobs!r}: must be one of {list(OLD_LOGPROBS)}")
+        if self.tree_training not in ("auto", "off"):
+            raise ValueError(f"tree_training={self.tree_training!r}: must be 'auto' or 'off'")
         if self.nonfinite not in ("stop", "skip"):
             raise ValueError(f"nonfinite={self.nonfinite!r}: must be 'stop' or 'skip'")
         if self.tis_level not in CORRECTION_LEVELS or self.tis_mode not in CORRECTION_MODES:
@@ -108,26 +116,6 @@ def rollout_mini_batches(rows: Sequence[Row], n: int, generator: torch.Generator
     return [[i for j in perm[m::n] for i in by_rollout[keys[j]]] for m in range(n)]
 
 
-def rank_chunks(
-    lengths: Sequence[int], budget: int, world, *, packed: bool = False
-) -> list[list[int] | None]:
-    """Micro-batches (positions into ``lengths``, sorted by length) of this rank (``packed``: the
-    budget counts real tokens, :func:`~horizonrl.train.update.batching.micro_batches`).
-
-    Without ``world``: all of them. With one: the rank's positions (round-robin), split by
-    ``budget`` and padded with ``None`` (a zero-weighted micro-batch) to the largest count of
-    any rank, so every rank runs the same forwards and backwards (FSDP / DDP collectives).
-    """
-    if world is None:
-        return list(micro_batches(lengths, budget, packed=packed))
-    mine = world.my_positions(len(lengths))
-    chunks: list[list[int] | None] = [
-        [mine[c] for c in chunk] for chunk in micro_batches([lengths[p] for p in mine], budget, packed=packed)
-    ]
-    n = int(world.max([len(chunks)])[0])
-    return chunks + [None] * (n - len(chunks))
-
-
 @torch.no_grad()
 def score_rows(
     model: torch.nn.Module,
@@ -145,16 +133,19 @@ def score_rows(
     ``forward``: the update's precision, LM-head chunks and packing (``UpdateSettings.forward``).
     """
     out: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    forward = forward or ForwardOptions()
     training = model.training
     model.eval()
     mine = []
     try:
-        packed = forward is not None and forward.pack
-        for chunk in rank_chunks([len(rows[i]) for i in order], micro_batch_tokens, world, packed=packed):
-            idx = [order[c] for c in chunk or [0]]
+        cost = tree_cost(model) if forward.tree else None
+        if cost is not None:
+            verify_trees(model, rows, forward)
+        seqs = [r.input_ids for r in rows]
+        for chunk in update_chunks(seqs, micro_batch_tokens, world, packed=forward.pack, cost=cost):
+            idx, trees = chunk or ([0], None)
             batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
-            lp = token_logprobs(model, batch, forward).cpu()
+            lp = token_logprobs(model, batch, forward, trees).cpu()
             if chunk is None:  # an idle rank's forward, for the collectives only
                 continue
             for b, i in enumerate(idx):
@@ -214,7 +205,8 @@ def ppo_update(
 
     ``world`` (:class:`horizonrl.train.update.distributed.World`, with ``model`` wrapped by
     ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
-    the mini-batch's global coefficients (:func:`rank_chunks`); gradients and metrics are summed
+    the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`); gradients
+    and metrics are summed
     across ranks, so the step equals the single-process one up to floating-point summation order.
     """
     if not rows:
@@ -242,10 +234,13 @@ def ppo_update(
             forward=s.forward,
         )
         before = consistency_metrics(rows, scored)
+    cost = tree_cost(model) if s.forward.tree else None
+    if cost is not None:
+        verify_trees(model, rows, s.forward)
+        if ref_model is not None and s.kl_coef > 0:
+            verify_trees(ref_model, rows, s.forward)
     for epoch in range(s.ppo_epochs):
         for m, idx in enumerate(rollout_mini_batches(rows, s.mini_batches, generator)):
-            # Sort by length inside the mini-batch so micro-batches pad little.
-            idx.sort(key=lambda i: len(rows[i]))
             old = [scored[i] for i in idx] if scored is not None else None
             mb = collate([rows[i] for i in idx], pad_id=pad_id, old_logprobs=old).to(device)
             tis = None
@@ -266,14 +261,17 @@ def ppo_update(
             )
             log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
             totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
-            chunks = rank_chunks([len(rows[i]) for i in idx], s.micro_batch_tokens, world, packed=s.pack_rows)
+            # Micro-batches: rows sorted by length so they pad little, or shared-prefix forests.
+            seqs = [rows[i].input_ids for i in idx]
+            chunks = update_chunks(seqs, s.micro_batch_tokens, world, packed=s.pack_rows, cost=cost)
             for k, chunk in enumerate(chunks):
-                c = torch.tensor(chunk or [0], device=device)
+                positions, trees = chunk or ([0], None)
+                c = torch.tensor(positions, device=device)
                 sub = mb.slice(c)
                 cf = coef[c] if chunk is not None else torch.zeros_like(coef[c])
                 sync = world.grad_sync(model, k == len(chunks) - 1) if world else contextlib.nullcontext()
                 with sync:
-                    logp = token_logprobs(model, sub, s.forward)
+                    logp = token_logprobs(model, sub, s.forward, trees)
                     pl, stats = policy_loss(
                         logp,
                         sub.old_logprobs,
@@ -292,7 +290,7 @@ def ppo_update(
                     totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
                     if ref_model is not None and s.kl_coef > 0:
                         with torch.no_grad():
-                            ref_lp = token_logprobs(ref_model, sub, s.forward)
+                            ref_lp = token_logprobs(ref_model, sub, s.forward, trees)
                         kl = aggregate(
                             kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf
                         )
