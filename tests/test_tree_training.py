@@ -242,7 +242,7 @@ def test_trees_are_kept_only_where_they_save_tokens():
     seqs = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 8], [1, 9, 9, 9, 9, 9]]
     assert tree_chunks(seqs, FREE, 100) == [([0, 1, 2], [3])]  # one tree: 6 + 2 + 5 nodes
     assert forwarded_tokens(seqs, [([0, 1, 2], None)]) == 18  # 3 rows x 6
-    assert forwarded_tokens(seqs[:2] + [[1, 2]], [([0, 1, 2], None)], packed=True) == 14
+    assert forwarded_tokens([*seqs[:2], [1, 2]], [([0, 1, 2], None)], packed=True) == 14
     assert forwarded_tokens(seqs, [([0, 1], [2]), ([2], [1])]) == 8 + 6
     assert forwarded_tokens(seqs, [([0, 1, 2], [2, 1])]) == 2 * 8  # two trees padded to the larger
     assert update_chunks(seqs, 100, cost=FREE) == [([0, 1, 2], [3])]  # 13 <= 0.95 x 18
