@@ -25,6 +25,8 @@ trainer's ``time/update_s`` and wall time side by side (the arm-seed measure of 
     .venv/bin/python benchmarks/tree_training.py
     .venv/bin/python benchmarks/tree_training.py --settings rtpo --repeats 5
     .venv/bin/python benchmarks/tree_training.py --train src/horizonrl/configs/rtpo_lookup.yaml --steps 4
+    .venv/bin/python benchmarks/tree_training.py --train src/horizonrl/configs/rtpo_lookup.yaml --steps 4 \
+        --after rollout.driver=async        # before: sync + no trees; after: async + trees
 
 Time it alone on the machine (2 cores: nothing else running).
 """
@@ -184,13 +186,14 @@ def bench_setting(name: str, args) -> dict:
 
 
 def train_both(args) -> dict:
-    """``--train``: the same run with trees off and auto; the trainer's time metrics side by side."""
+    """``--train``: the same run with trees off and auto (``--after``: overrides of the auto run only, e.g.
+    ``rollout.driver=async`` for before/after both changes); the trainer's time metrics side by side."""
     from horizonrl.config import load_config
     from horizonrl.train.records.metrics import read_metrics
     from horizonrl.train.trainers.registry import make_trainer
 
     work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-tree-train-"))
-    out: dict = {"config": args.train, "steps": args.steps, "modes": {}}
+    out: dict = {"config": args.train, "steps": args.steps, "after": args.after, "modes": {}}
     for mode in ("off", "auto"):
         cfg = load_config(
             args.train,
@@ -198,6 +201,7 @@ def train_both(args) -> dict:
                 *COMMON,
                 f"train.steps={args.steps}",
                 f"algo.tree_training={mode}",
+                *(args.after if mode == "auto" else []),
                 f"train.out_dir={work / mode}",
             ],
         )
@@ -264,6 +268,7 @@ def main() -> None:
         "--train", default=None, help="a config to train with trees off and auto (see the docstring)"
     )
     ap.add_argument("--device", default="cpu", help="where the updates are timed (cpu, cuda)")
+    ap.add_argument("--after", nargs="*", default=[], help="--train: overrides of the trees-on run only")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--docs", action="store_true", help="write the table into docs/scale.md")
     ap.add_argument(

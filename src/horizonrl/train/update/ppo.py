@@ -205,9 +205,9 @@ def ppo_update(
 
     ``world`` (:class:`horizonrl.train.update.distributed.World`, with ``model`` wrapped by
     ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
-    the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`); gradients
-    and metrics are summed
-    across ranks, so the step equals the single-process one up to floating-point summation order.
+    the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`; whole
+    shared-prefix trees with ``algo.tree_training``); gradients and metrics are summed across ranks, so
+    the step equals the single-process one up to floating-point summation order.
     """
     if not rows:
         return {}
