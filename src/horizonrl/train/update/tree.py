@@ -7,7 +7,7 @@ context. The plain update forwards and back-propagates every row's whole sequenc
 
 **Layout** (one tree): sort its rows lexicographically, so a row shares the most with the row before
 it; row ``i``'s tokens ``j < lcp(r_{i-1}, r_i)`` are the nodes of row ``i-1`` and the rest are new
-nodes appended in order. The nodes are then in preorder, and
+nodes appended in order. The rows holding a node are then contiguous (the nodes are in preorder), and
 
     position_id(node) = its depth j          (the position it has in every row that holds it)
     node a attends node b  <=>  b <= a < end(b)
@@ -194,8 +194,9 @@ class Forest:
 def build_forest(input_ids: torch.Tensor, lengths: Sequence[int], trees: Sequence[int]) -> Forest:
     """Lay out rows ``input_ids [B, T]`` (right-padded, row ``b`` ``lengths[b]`` tokens long) as a forest.
 
-    ``trees``: how many consecutive rows form each tree; a tree's rows must be in lexicographic
-    order (as :func:`tree_chunks` gives them), so every row's new tokens follow its shared prefix.
+    ``trees``: how many consecutive rows form each tree. A row shares only with the row before it, so
+    the rows holding a node are contiguous and the mask is the ancestor relation for any row order;
+    lexicographic order (as :func:`~horizonrl.train.update.chunks.tree_chunks` gives it) shares the most.
     """
     B, T = input_ids.shape
     if sum(trees) != B:
