@@ -58,7 +58,7 @@ class AlgoConfig(_Section):
     tree_training: str | bool = opt(
         "auto",
         "shared-prefix (tree) training: 'auto' forwards the rows of a micro-batch that share a token "
-        "prefix (a group's prompt, RTPO's trunk and siblings, a fork's parent context) as one tree with "
+        "prefix (a group's prompt, RTPO's trunk and siblings, a shared system prompt) as one tree with "
         "a tree attention mask, so each shared token is forwarded and back-propagated once (exact to "
         "float rounding; rows join a tree only where a cost model of the model's shape says it is cheaper, "
         "and models without sdpa/eager full attention train without trees); 'off' (YAML's bare off / false "

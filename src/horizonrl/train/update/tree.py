@@ -1,8 +1,8 @@
 """Shared-prefix (tree) training: rows that share a token prefix are forwarded once, as a tree.
 
 The G rollouts of a group share their prompt, RTPO's siblings share the trunk up to their boundary
-(and each turn's exact context extends the previous turn's), a Mosaic fork shares its parent's
-context. The plain update forwards and back-propagates every row's whole sequence; with
+(and each turn's exact context extends the previous turn's), every session its system prompt. The
+plain update forwards and back-propagates every row's whole sequence; with
 ``algo.tree_training: auto`` the update instead lays the rows of a micro-batch out as a *forest*.
 
 **Layout** (one tree): sort its rows lexicographically, so a row shares the most with the row before
