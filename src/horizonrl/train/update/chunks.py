@@ -33,10 +33,11 @@ def update_chunks(
     every rank); otherwise the plain micro-batches.
     """
     if cost is not None:
-        forest = tree_chunks(seqs, cost, budget)
+        trees = plan_trees(seqs, cost, budget)
+        forest = _deal(seqs, trees, budget, None)
         plain = _plain_chunks(seqs, budget, None, packed)
         if forwarded_tokens(seqs, forest) <= TREE_MAX_FRACTION * forwarded_tokens(seqs, plain, packed=packed):
-            return forest if world is None else tree_chunks(seqs, cost, budget, world)
+            return forest if world is None else _deal(seqs, trees, budget, world)
     return _plain_chunks(seqs, budget, world, packed)
 
 
@@ -95,7 +96,11 @@ def tree_chunks(seqs: Sequence[Sequence[int]], cost: TreeCost, budget: int, worl
     within ``budget`` (padded tokens, as the plain path counts them); with ``world`` whole trees are
     dealt to the ranks and ``None`` pads a rank's list (:func:`rank_chunks`).
     """
-    trees = plan_trees(seqs, cost, budget)
+    return _deal(seqs, plan_trees(seqs, cost, budget), budget, world)
+
+
+def _deal(seqs: Sequence[Sequence[int]], trees: list[list[int]], budget: int, world) -> list[Chunk | None]:
+    """:func:`tree_chunks` of already planned ``trees``."""
     sizes = [tree_tokens(seqs, t) for t in trees]
     # By size, then by tokens: the forests do not depend on the order the rows came in.
     order = sorted(range(len(trees)), key=lambda t: (sizes[t], list(seqs[trees[t][0]])))
