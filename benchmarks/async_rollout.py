@@ -108,7 +108,7 @@ def make_engine(args, work: Path):
     else:
         from horizonrl.inference import HFEngine
 
-        engine = HFEngine(model, tok, max_batch_size=256)
+        engine = HFEngine(model, tok, max_batch_size=256, device=args.device)
     # Lengths: every token in ``stop`` ends a generation, so a length is geometric with mean ~ vocab / |stop|.
     vocab = len(tok)
     engine.eos_ids = frozenset(range(5, 5 + max(1, round(vocab / args.mean_tokens))))
@@ -192,6 +192,7 @@ def main() -> None:
     ap.add_argument("--slow-x", type=float, default=10.0, help="how much slower a slow step is")
     ap.add_argument("--threads", type=int, default=16, help="program threads (sync_threads, async)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="--engine hf: where the engine runs (cpu, cuda)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--train", default=None, help="a config to train with each driver (see the docstring)")
     ap.add_argument("--steps", type=int, default=6, help="training steps per driver with --train")

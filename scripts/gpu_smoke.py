@@ -138,6 +138,14 @@ def run(
             *extra,
         ],
     )
+    if not cpu:  # each run's own peak, not the largest since the process began
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     trainer = GroupTrainer(cfg)
     rows: list[dict] = []
@@ -190,20 +198,99 @@ def run(
     return summary
 
 
-def async_vs_sync(model: Path, work: Path, *, cpu: bool) -> dict:
-    """``benchmarks/async_rollout.py`` on vLLM: the asynchronous driver vs the round-synchronous one."""
+def async_vs_sync(model: Path, work: Path, *, cpu: bool, engine: str = "vllm") -> dict:
+    """``benchmarks/async_rollout.py`` on ``engine``: the asynchronous driver vs the round-synchronous one."""
     out = work / "async_rollout.json"
     episodes = "32" if cpu else "128"
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "async_rollout.py"
-    cmd = [sys.executable, str(bench), "--engine", "vllm", "--model", str(model)]
+    cmd = [sys.executable, str(bench), "--engine", engine, "--model", str(model)]
+    if engine == "hf":
+        cmd += ["--device", "cpu" if cpu else "cuda"]
     subprocess.run([*cmd, "--rounds", "1", "--episodes", episodes, "--out", str(out)], check=True)
     drivers = json.loads(out.read_text())
     print(
-        f"rollout drivers on vLLM: async / sync {drivers['async_vs_sync']}x, "
+        f"rollout drivers on {engine}: async / sync {drivers['async_vs_sync']}x, "
         f"async / sync with env threads {drivers['async_vs_sync_threads']}x",
         flush=True,
     )
     return drivers
+
+
+def generation_speed(work: Path, *, device: str) -> dict:
+    """``benchmarks/generation.py``: ``HFEngine`` vs ``model.generate`` on a tiny and a 135M-shaped Qwen2."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "generation.py"
+    shapes = {
+        "tiny": ["--hidden", "128", "--layers", "4", "--vocab", "8192"],
+        "135m_shaped": ["--hidden", "576", "--layers", "30", "--vocab", "49152"],
+    }
+    size = ["--batch", "64", "--new-tokens", "128"]
+    if device == "cpu":  # the dry run: the code path, not the speed
+        shapes, size = {"tiny": shapes["tiny"]}, ["--batch", "8", "--new-tokens", "16", "--repeats", "1"]
+    out = {}
+    for name, shape in shapes.items():
+        cmd = [sys.executable, str(bench), *shape, *size, "--device", device]
+        text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        print(text, flush=True)
+        line = next(ln for ln in text.splitlines() if ln.startswith("speed-up"))
+        out[name] = float(line.split(":")[1].strip().rstrip("x"))
+    return out
+
+
+def hf_only(args, work: Path, steps: int) -> tuple[list[dict], dict, dict, dict]:
+    """``--engine hf``: the GPU checks that need no vLLM (a machine without it): GRPO steps of a
+    Qwen2.5-0.5B-sized model on the HF engine (float32, ratio checked; then the memory-lean bf16
+    update, without and with gradient checkpointing: each run's peak memory), then ``--parts``: the
+    rollout drivers and the generation speed on the HF engine, and tree training."""
+    from horizonrl.models import load_model_and_tokenizer
+
+    device = "cpu" if args.cpu else "cuda"
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        _, tok = load_model_and_tokenizer(_first_model(work, cpu=args.cpu))
+    qwen = qwen_sized(work / "qwen-sized", tok, cpu=args.cpu)
+    name = "qwen2.5-0.5b-sized"
+    lean = [
+        "train.precision=bf16",
+        "algo.pack_rows=true",
+        "train.logprob_chunk_tokens=4096",
+        "algo.old_logprobs=recompute",
+        "algo.tis_cap=2.0",
+    ]
+    results = [
+        run(name, str(qwen), work, cpu=args.cpu, steps=steps, engine="hf"),
+        run(f"{name}-bf16", str(qwen), work, cpu=args.cpu, steps=steps, engine="hf", extra=lean, check=False),
+        run(
+            f"{name}-bf16-ckpt",
+            str(qwen),
+            work,
+            cpu=args.cpu,
+            steps=steps,
+            engine="hf",
+            extra=[*lean, "train.gradient_checkpointing=true"],
+            check=False,
+        ),
+    ]
+    parts = set(args.parts.split(","))
+    drivers = async_vs_sync(qwen, work, cpu=args.cpu, engine="hf") if "drivers" in parts else {}
+    generation = generation_speed(work, device=device) if "generation" in parts else {}
+    tree = tree_vs_flat(work, cpu=args.cpu) if "tree" in parts else {}
+    return results, drivers, tree, generation
+
+
+def _first_model(work: Path, *, cpu: bool):
+    """The first model of a run: the tiny model (built here) on CPU, SmolLM2-135M-Instruct on a GPU."""
+    if not cpu:
+        return "smollm2"
+    from horizonrl.config import ModelConfig
+    from horizonrl.train.warmstart.bootstrap import build_tiny
+
+    first = work / "tiny"
+    if not (first / "config.json").exists():
+        build_tiny(ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), first)
+    return first
 
 
 def tree_vs_flat(work: Path, *, cpu: bool) -> dict:
@@ -241,6 +328,22 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default 3 GPU, 2 CPU)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--work", default=None, help="run directories (default: a temporary directory)")
+    ap.add_argument(
+        "--engine",
+        choices=["vllm", "hf"],
+        default="vllm",
+        help="hf: the checks that need no vLLM (a GPU machine without it): the HF engine throughout",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="--engine hf: a saved tokenizer directory for the Qwen2.5-0.5B-sized model (default: SmolLM2's)",
+    )
+    ap.add_argument(
+        "--parts",
+        default="drivers,generation,tree",
+        help="--engine hf: which checks follow the training runs (drivers, generation, tree)",
+    )
     args = ap.parse_args(argv)
     steps = args.steps or (2 if args.cpu else 3)
     t0 = time.perf_counter()
@@ -253,6 +356,9 @@ def main(argv=None) -> int:
             print("gpu_smoke: no CUDA device (use --cpu for the CPU dry run)", file=sys.stderr)
             return 2
         print(f"GPU: {torch.cuda.get_device_name(0)}", flush=True)
+    if args.engine == "hf":
+        results, drivers, tree, generation = hf_only(args, work, steps)
+        return _finish(args, t0, results, drivers, tree, generation=generation)
     from horizonrl.models import load_model_and_tokenizer
 
     results = []
@@ -262,18 +368,11 @@ def main(argv=None) -> int:
         "algo.old_logprobs=recompute",
         "algo.tis_cap=2.0",
     ]
+    first = _first_model(work, cpu=args.cpu)
     if args.cpu:
-        from horizonrl.config import ModelConfig
-        from horizonrl.train.warmstart.bootstrap import build_tiny
-
-        first = work / "tiny"
-        if not (first / "config.json").exists():
-            build_tiny(
-                ModelConfig(tiny_hidden=128, tiny_layers=2, tiny_vocab=400, tiny_pretrain_steps=20), first
-            )
         first_name, second_extra = "tiny", fp32  # float32 throughout on CPU
     else:
-        first, first_name, second_extra = "smollm2", "smollm2-135m", bf16
+        first_name, second_extra = "smollm2-135m", bf16
     check_second = args.cpu  # a bfloat16 engine is not held to the float32 tolerance
     results.append(run(first_name, str(first), work, cpu=args.cpu, steps=steps, engine="vllm", extra=fp32))
     if not args.cpu:
@@ -298,11 +397,24 @@ def main(argv=None) -> int:
         print(f"SmolLM2 generation, vllm / hf engine: {vl['gen_tok_s'] / max(hf['gen_tok_s'], 1e-9):.2f}x")
     drivers = async_vs_sync(first, work, cpu=args.cpu)
     tree = tree_vs_flat(work, cpu=args.cpu)
+    return _finish(args, t0, results, drivers, tree)
+
+
+def _finish(args, t0: float, results: list[dict], drivers: dict, tree: dict, **more) -> int:
+    """Print the total, write ``--out`` and return the exit code (1 if a checked ratio left 1 +- tol)."""
     total = time.perf_counter() - t0
     print(f"gpu_smoke: {total:.0f} s in all", flush=True)
     bad = [r["name"] for r in results if r["ratio_checked"] and r["ratio_max_dev"] > RATIO_TOL]
     if args.out:
-        out = {"cpu": args.cpu, "total_s": total, "runs": results, "drivers": drivers, "tree": tree}
+        out = {
+            "cpu": args.cpu,
+            "engine": args.engine,
+            "total_s": total,
+            "runs": results,
+            "drivers": drivers,
+            "tree": tree,
+            **more,
+        }
         Path(args.out).write_text(json.dumps(out, indent=1))
     if bad:
         print(f"gpu_smoke: ratio outside 1 +- {RATIO_TOL} for {bad}", file=sys.stderr)

@@ -37,3 +37,26 @@ def test_gpu_smoke_cpu_dry_run(tmp_path):
     assert all(d["tok_s"] > 0 for d in drivers["drivers"].values()) and drivers["async_vs_sync"] > 0
     tree = result["tree"]  # benchmarks/tree_training.py on RTPO's recorded update
     assert tree["tokens_tree"] < tree["tokens_plain"] and tree["speedup"] > 0
+
+
+def test_gpu_smoke_hf_engine_dry_run(tmp_path):
+    """``--engine hf`` (a GPU machine without vLLM): three runs, each with its own peak, then ``--parts``."""
+    out = tmp_path / "smoke_hf.json"
+    cmd = [sys.executable, str(SCRIPT), "--cpu", "--engine", "hf", "--steps", "1", "--parts", "generation"]
+    proc = subprocess.run(
+        [*cmd, "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["engine"] == "hf" and result["drivers"] == {} and result["tree"] == {}
+    names = [r["name"] for r in result["runs"]]
+    assert names == ["qwen2.5-0.5b-sized", "qwen2.5-0.5b-sized-bf16", "qwen2.5-0.5b-sized-bf16-ckpt"]
+    fp32, bf16, _ = result["runs"]
+    assert all(r["engine"] == "hf" and len(r["steps"]) == 1 for r in result["runs"])
+    assert fp32["ratio_checked"] and fp32["ratio_max_dev"] < 1e-3
+    # bf16 autocast against a float32 engine: per-token log-ratios well above float32 rounding
+    assert not bf16["ratio_checked"] and bf16["steps"][0]["max_abs_log"] > 1e-4
+    assert set(result["generation"]) == {"tiny"} and result["generation"]["tiny"] > 0
