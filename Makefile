@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 EXTRAS := test,smollm,lora,families,tensorboard,envs,serve,data,mcp,loggers,viewer,hubs
 
-.PHONY: venv quickstart quickstart-check test test-slow test-vllm test-distributed lint format bench lock clean system-deps
+.PHONY: venv quickstart quickstart-check test test-slow test-vllm test-hubs test-distributed lint format bench lock clean system-deps
 
 $(STAMP): pyproject.toml Makefile $(LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,24 @@ $(VSTAMP): pyproject.toml Makefile $(VLOCK)
 test-vllm: $(VSTAMP)
 	$(VPY) -m pytest -q -m "vllm or distributed" $(VLLM_TESTS)
 
+# The verifiers hub (env.name: verifiers) in its own venv: verifiers 0.3.1 pins mcp<2, which the main
+# lock's mcp extra cannot share. Pinned by $(HLOCK) (`make lock` regenerates it).
+HVENV  := .venv-hubs
+HPY    := $(HVENV)/bin/python
+HSTAMP := $(HVENV)/.installed
+HLOCK  := requirements/lock-hubs.txt
+HUB_TESTS := tests/test_verifiers_env.py
+
+$(HSTAMP): pyproject.toml Makefile $(HLOCK)
+	$(PYTHON) -m venv $(HVENV)
+	$(HPY) -m pip install --quiet --upgrade pip uv
+	$(HPY) -m pip install --quiet torch==2.13.0
+	$(HVENV)/bin/uv pip install --quiet --python $(HPY) -c $(HLOCK) -e '.[verifiers,serve]' pytest
+	touch $(HSTAMP)
+
+test-hubs: $(HSTAMP)
+	$(HPY) -m pytest -q -m hubs $(HUB_TESTS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/ruff check src tests benchmarks scripts
@@ -82,6 +100,7 @@ bench: $(STAMP)
 lock:
 	$(PIP) freeze --exclude-editable | grep -v '^torch==' > $(LOCK)
 	$(VPY) -m pip freeze --exclude-editable | grep -v '^torch==' > $(VLOCK)
+	$(HPY) -m pip freeze --exclude-editable | grep -v '^torch==' > $(HLOCK)
 
 clean:
-	rm -rf $(VENV) $(VVENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VVENV) $(HVENV) runs .pytest_cache .ruff_cache

@@ -65,4 +65,6 @@ class LetterServerGame(Environment):
 
 # sessions at once: every episode that runs concurrently holds one (LETTERS_MAX_SESSIONS to change it)
 SESSIONS = int(os.environ.get("LETTERS_MAX_SESSIONS", "256"))
-app = create_app(LetterServerGame, WordAction, WordObservation, env_name="letters", max_concurrent_envs=SESSIONS)
+app = create_app(
+    LetterServerGame, WordAction, WordObservation, env_name="letters", max_concurrent_envs=SESSIONS
+)

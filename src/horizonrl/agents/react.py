@@ -86,6 +86,8 @@ def apply_result(turn: Turn, result: StepResult) -> None:
     turn.observation = result.observation if not result.done else (result.observation or None)
     if result.info.get("env_error"):
         turn.info["env_error"] = str(result.info["env_error"])
+    if result.info.get("env_metrics"):  # an environment's own per-episode scores (e.g. a verifiers rubric)
+        turn.info["env_metrics"] = {k: float(v) for k, v in result.info["env_metrics"].items()}
 
 
 def episode_program(

@@ -5,7 +5,8 @@ the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_py
 (reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments,
 ``qa`` (single-turn answers to file tasks), ``mcp`` (the tools of a local MCP server), ``gym``
 (any gymnasium-style ``reset``/``step`` text environment, :mod:`horizonrl.envs.gym_text`) and
-``openenv`` (an OpenEnv environment server, :mod:`horizonrl.envs.openenv_client`).
+``openenv`` (an OpenEnv environment server, :mod:`horizonrl.envs.openenv_client`) and ``verifiers``
+(an environment of the ``verifiers`` hub, :mod:`horizonrl.envs.verifiers_env`).
 User environments subclass :class:`CustomEnv` with ``@tool`` methods (``docs/custom_env.md``)::
 
     from horizonrl.envs import get_env
@@ -38,6 +39,7 @@ from horizonrl.envs.tools import (
     parse_answer,
     parse_tool_calls,
 )
+from horizonrl.envs.verifiers_env import VerifiersEnv  # registers "verifiers"; verifiers loads on first use
 
 __all__ = [
     "AirlineEnv",
@@ -60,6 +62,7 @@ __all__ = [
     "ToolCallError",
     "ToolEnv",
     "ToolError",
+    "VerifiersEnv",
     "format_answer",
     "format_tool_call",
     "get_env",

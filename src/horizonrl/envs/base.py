@@ -57,7 +57,9 @@ class StepResult:
     ``role`` is the chat role the observation is rendered with (``tool`` for tool
     results, ``user`` for anything else such as format reminders). ``obs_key`` is
     the text used for peer matching (CCPO/GiGPO anchor states); ``invalid`` flags an
-    action the environment could not execute.
+    action the environment could not execute. Of ``info``, the agent keeps ``env_error`` (why the
+    environment failed) and ``env_metrics`` (a dict of numbers: the environment's own scores of the
+    episode) in ``Turn.info``.
     """
 
     observation: str

@@ -1,0 +1,44 @@
+"""verifiers environments this adapter must refuse or survive (tests/test_verifiers_env.py)."""
+
+from __future__ import annotations
+
+import verifiers as vf
+from datasets import Dataset
+
+ROWS = [{"question": f"Say {i}.", "answer": str(i)} for i in range(6)]
+
+
+def load_environment(kind: str = "nan") -> vf.Environment:
+    if kind == "few_shot":
+        return vf.SingleTurnEnv(
+            dataset=Dataset.from_list(ROWS),
+            few_shot=[{"role": "user", "content": "Say 9."}, {"role": "assistant", "content": "9"}],
+            rubric=vf.Rubric(funcs=[lambda completion, **kw: 1.0]),
+        )
+    if kind == "group":
+
+        def ranked(completions, **kw) -> list[float]:
+            return [float(i) for i in range(len(completions))]
+
+        return vf.SingleTurnEnv(dataset=Dataset.from_list(ROWS), rubric=vf.Rubric(funcs=[ranked]))
+    if kind == "nan":
+        return vf.SingleTurnEnv(
+            dataset=Dataset.from_list(ROWS), rubric=vf.Rubric(funcs=[lambda completion, **kw: float("nan")])
+        )
+    if kind == "raising_tool":
+
+        def boom(x: int) -> int:
+            """Always fails.
+
+            Args:
+                x: anything
+            """
+            raise RuntimeError("boom")
+
+        return vf.ToolEnv(
+            dataset=Dataset.from_list(ROWS),
+            tools=[boom],
+            rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.5]),
+            max_turns=2,
+        )
+    raise ValueError(f"unknown kind {kind!r}")
