@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,21 @@ def test_a_bad_reward_and_a_raising_tool_lose_nothing():
     assert r2.done and r2.reward == 0.5
 
 
+def test_an_environment_that_raises_or_hangs_mid_episode_ends_that_episode_only():
+    env = _env(id="hz_vf_odd", path=ODD, args={"kind": "raising_env"})
+    task = env.tasks(1, seed=0)[0]
+    env.reset(task)
+    r = env.step("hello")
+    assert r.done and r.reward == 0.0 and "the environment broke" in r.info["env_error"]
+    env = _env(id="hz_vf_odd", path=ODD, args={"kind": "slow_env"}, timeout_s=0.5)
+    env.reset(task)
+    t0 = time.monotonic()
+    r = env.step("hello")
+    assert r.done and r.reward == 0.0 and "timeout_s=0.5" in r.info["env_error"]
+    assert time.monotonic() - t0 < 10  # the stuck rollout is cancelled, not waited for
+    assert env.reset(task) == task.prompt  # and the next episode starts cleanly
+
+
 def test_rtpo_refuses_it(tiny_model_dir, tmp_path):
     from horizonrl.train.trainers.reverse_turn import ReverseTurnTrainer
 
@@ -197,3 +213,23 @@ def test_the_gateway_route_records_the_environments_own_rollouts(tiny_model_dir,
     rollouts = list(read_jsonl(tmp_path / "run" / "rollouts" / "step_2.jsonl"))
     assert len(rollouts) == 4 and all(r.env["rewarded"] for r in rollouts)
     assert all(r.reward in (0.0, 0.2, 1.0, 1.2) for r in rollouts)
+
+
+def test_the_hub_example_config_trains_two_steps(tiny_model_dir, tmp_path, monkeypatch):
+    from horizonrl.train.trainers.group import GroupTrainer
+
+    monkeypatch.chdir(ROOT)  # the example's knob 'path' is relative to the repository root
+    cfg = load_config(
+        "examples/hubs/verifiers_add.yaml",
+        [
+            f"model.path={tiny_model_dir}",
+            "train.steps=2",
+            "env.test_tasks=2",
+            "train.eval_samples=1",
+            "rollout.group_size=2",
+            "train.progress=false",
+            f"train.out_dir={tmp_path}",
+        ],
+    )
+    records = GroupTrainer(cfg).fit()
+    assert [r["step"] for r in records][-1] == 2 and cfg.env.name == "verifiers"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import verifiers as vf
 from datasets import Dataset
 
@@ -40,5 +42,19 @@ def load_environment(kind: str = "nan") -> vf.Environment:
             tools=[boom],
             rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.5]),
             max_turns=2,
+        )
+    if kind in ("raising_env", "slow_env"):
+
+        class Odd(vf.MultiTurnEnv):
+            async def env_response(self, messages, state, **kwargs):
+                if kind == "raising_env":
+                    raise RuntimeError("the environment broke")
+                await asyncio.sleep(60)
+                return [{"role": "user", "content": "late"}]
+
+        return Odd(
+            dataset=Dataset.from_list(ROWS),
+            rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.25]),
+            max_turns=3,
         )
     raise ValueError(f"unknown kind {kind!r}")

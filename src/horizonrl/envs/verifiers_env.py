@@ -515,9 +515,10 @@ class VerifiersEnv(Env):
 
     def close(self) -> None:
         if self._bridge is not None and self._future is not None and not self._future.done():
-            self._bridge.abort(_Loop.get())
+            self._bridge.abort(_Loop.get())  # a pending request fails: the rollout ends and cleans up
             with contextlib.suppress(Exception):  # the aborted rollout's own error is not the caller's
-                self._future.result(timeout=10)
+                self._future.result(timeout=2)
+            self._future.cancel()  # stuck elsewhere (a slow env_response): cancelled
         self._bridge = self._future = None
 
 
