@@ -36,8 +36,6 @@ prompt rewritten between turns (``get_prompt_messages`` overridden) and the v1 A
 in a coroutine, so there is no snapshot/restore (``can_fork`` is false: RTPO refuses the
 environment). An exception inside the environment ends the episode with an ``Error: ...``
 observation, reward 0 and ``info["env_error"]``; a reward that is not a finite number counts as 0.
-
-Not to be confused with prime-rl's or SkyRL's ``echo``; this module is only the hub adapter.
 """
 
 from __future__ import annotations
@@ -113,8 +111,11 @@ def _check_supported(env_id: str, env: Any) -> None:
     rubric = env.rubric
     if getattr(rubric, "has_group_rewards", False):
         raise ConfigError(f"{where}: group-level reward functions (score_group) are not supported")
-    get_prompt = type(env).get_prompt_messages
-    if getattr(vf, "MultiTurnEnv", None) and get_prompt is not vf.MultiTurnEnv.get_prompt_messages:
+    if not isinstance(env, vf.MultiTurnEnv):
+        raise ConfigError(
+            f"{where}: {type(env).__name__} is not a MultiTurnEnv (SingleTurnEnv, ToolEnv, ...)"
+        )
+    if type(env).get_prompt_messages is not vf.MultiTurnEnv.get_prompt_messages:
         raise ConfigError(f"{where}: get_prompt_messages is overridden (non-linear message sequences)")
     for name in ("rollout", "_run_rollout_state", "get_dataset"):
         if not hasattr(env, name):
@@ -364,8 +365,10 @@ class VerifiersEnv(Env):
         self.where = f"verifiers environment {self.knobs['id']!r}"
         defs = getattr(self.vf_env, "tool_defs", None) or []
         self._tools = [Tool(t.name, t.description or t.name, dict(t.parameters)) for t in defs]
-        if self.vf_env.system_prompt:
-            self.system_prompt = self.vf_env.system_prompt
+        # the rows' system message (verifiers puts its system_prompt there); without one, the default
+        self._system: str | None = self.vf_env.system_prompt or None
+        if self._system:
+            self.system_prompt = self._system
         self._bridge: Any = None
         self._future: concurrent.futures.Future | None = None
         self._sent: list[Any] = []
@@ -410,7 +413,9 @@ class VerifiersEnv(Env):
             if names != sorted(t.name for t in self._tools):
                 raise ConfigError(f"{self.where}: per-row tool_defs ({names}) are not supported")
             system, user = _split_prompt(messages, self.where)
-            if system is not None and system != self.system_prompt:
+            if system is not None and self._system is None:  # a dataset with its own prompt column
+                self._system = self.system_prompt = system
+            if system != self._system:
                 raise ConfigError(f"{self.where}: a system prompt that differs between rows is not supported")
         except ConfigError:
             self.close()
