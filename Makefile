@@ -95,6 +95,8 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/generation.py
+	$(PIP) install --quiet -c $(LOCK) trl
+	$(PY) benchmarks/trl_grpo.py
 
 # Regenerate the pinned locks from the installed venvs (after changing dependencies).
 lock:
