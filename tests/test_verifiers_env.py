@@ -139,6 +139,14 @@ def test_an_environment_that_raises_or_hangs_mid_episode_ends_that_episode_only(
     assert r.done and r.reward == 0.0 and "timeout_s=0.5" in r.info["env_error"]
     assert time.monotonic() - t0 < 10  # the stuck rollout is cancelled, not waited for
     assert env.reset(task) == task.prompt  # and the next episode starts cleanly
+    env.close()
+    env = _env(id="hz_vf_odd", path=ODD, args={"kind": "bad_setup"})
+    first = env.reset(task)
+    assert (
+        first.startswith("Error: the rollout ended before its first model request") and "no sandbox" in first
+    )
+    r = env.step("hello")
+    assert r.done and r.reward == 0.0 and "no sandbox" in r.info["env_error"]
 
 
 def test_rtpo_refuses_it(tiny_model_dir, tmp_path):

@@ -43,9 +43,14 @@ def load_environment(kind: str = "nan") -> vf.Environment:
             rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.5]),
             max_turns=2,
         )
-    if kind in ("raising_env", "slow_env"):
+    if kind in ("raising_env", "slow_env", "bad_setup"):
 
         class Odd(vf.MultiTurnEnv):
+            async def setup_state(self, state):
+                if kind == "bad_setup":
+                    raise RuntimeError("no sandbox for this row")
+                return state
+
             async def env_response(self, messages, state, **kwargs):
                 if kind == "raising_env":
                     raise RuntimeError("the environment broke")

@@ -427,7 +427,11 @@ class VerifiersEnv(Env):
     def step(self, action: str) -> StepResult:
         st = self.state
         if st["done"]:
-            return StepResult("The episode is over.", role="user", done=True, invalid=True, info=self._info())
+            info = self._info()
+            if st["error"] and not st["turn"]:  # the rollout failed before its first request
+                st["turn"] += 1
+                info["env_error"] = st["error"]
+            return StepResult("The episode is over.", role="user", done=True, invalid=True, info=info)
         st["turn"] += 1
         calls = parse_tool_calls(action, self._tools) if self._tools else []
         errors = [c for c in calls if isinstance(c, ToolCallError)]
