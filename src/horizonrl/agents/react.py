@@ -31,6 +31,7 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import Generate, Program, drive
 from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.episodic import finite_number
 from horizonrl.envs.tools import parse_answer
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
@@ -87,7 +88,8 @@ def apply_result(turn: Turn, result: StepResult) -> None:
     if result.info.get("env_error"):
         turn.info["env_error"] = str(result.info["env_error"])
     if result.info.get("env_metrics"):  # an environment's own per-episode scores (e.g. a verifiers rubric)
-        turn.info["env_metrics"] = {k: float(v) for k, v in result.info["env_metrics"].items()}
+        metrics = {str(k): finite_number(v) for k, v in result.info["env_metrics"].items()}
+        turn.info["env_metrics"] = {k: v for k, v in metrics.items() if v is not None}  # numbers only
 
 
 def episode_program(
