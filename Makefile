@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 EXTRAS := test,smollm,lora,families,tensorboard,envs,serve,data,mcp,loggers,viewer,hubs
 
-.PHONY: venv quickstart quickstart-check test test-slow test-vllm test-hubs test-distributed lint format bench lock clean system-deps
+.PHONY: venv quickstart quickstart-check test test-integration test-slow test-vllm test-hubs test-distributed lint format bench lock clean system-deps
 
 $(STAMP): pyproject.toml Makefile $(LOCK) | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ quickstart-check: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Whole-harness runs (the reproduction scenarios and their carrying over), kept out of `make test`'s
+# 10 minutes; .ci/run runs them.
+test-integration: $(STAMP)
+	$(PY) -m pytest -q -m integration
 
 # Ray workers (a private 2-CPU Ray on 127.0.0.1), torchrun (2 gloo processes) and async rollouts.
 test-distributed: $(STAMP)

@@ -148,6 +148,7 @@ def _two_scenarios(checks) -> Paper:
     )
 
 
+@pytest.mark.integration
 def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
     calls = []
 
@@ -169,6 +170,7 @@ def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
         assert cfg["train"]["init"].endswith("warmstart_short/sft" if arm == "a" else "warmstart_long/sft")
 
 
+@pytest.mark.integration
 def test_a_refused_scenario_is_recorded_while_the_other_scenarios_run(tmp_path):
     def checks(cfg):  # the "long" scenario misses its regime target
         n = cfg.rollout.max_turns
@@ -298,6 +300,7 @@ def test_results_page_cites_the_options_that_shape_results_not_where_files_go():
     )
 
 
+@pytest.mark.integration
 def test_rerunning_one_scenario_carries_the_others_from_the_earlier_page(tmp_path):
     """`--arms` of one scenario keeps the other scenario's results from the earlier page, and only while
     the setup, the arms' overrides and its warm-start declaration are unchanged."""
@@ -341,6 +344,7 @@ def test_rerunning_one_scenario_carries_the_others_from_the_earlier_page(tmp_pat
         assert any("'long' not carried" in m for m in logs), logs
 
 
+@pytest.mark.integration
 def test_rerunning_one_arm_carries_the_others_only_from_the_same_warm_start(tmp_path):
     """`--arms b` of a scenario that also has arm `a` keeps `a` from the earlier page, but only when this
     run's warm start is the earlier one: the same key and the same start evaluation, task for task."""
