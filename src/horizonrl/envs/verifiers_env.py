@@ -34,8 +34,10 @@ it): few-shot examples or other multi-message prompts, a system prompt that diff
 non-text message content, per-row ``tool_defs``, group-level reward functions (``score_group``), a
 prompt rewritten between turns (``get_prompt_messages`` overridden) and the v1 API. The rollout lives
 in a coroutine, so there is no snapshot/restore (``can_fork`` is false: RTPO refuses the
-environment). An exception inside the environment ends the episode with an ``Error: ...``
-observation, reward 0 and ``info["env_error"]``; a reward that is not a finite number counts as 0.
+environment). An exception inside the environment ends that episode with ``info["env_error"]``: a
+``vf.Error`` (recorded by verifiers in its state) keeps the rubric's score, any other exception gives
+reward 0 (as a reward that is not a finite number does); a rollout that neither asks nor finishes
+within ``timeout_s`` is cancelled.
 """
 
 from __future__ import annotations
