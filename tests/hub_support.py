@@ -40,6 +40,26 @@ def train_steps(tiny_model_dir, out_dir, env: str, knobs: dict, *extra: str) -> 
     return read_metrics(out_dir)
 
 
+def train_example(config: str, tiny_model_dir, out_dir) -> tuple[list[dict], object]:
+    """Two group-trainer steps of a hub example config (paths from the repository root, where the caller
+    must have changed directory); ``(metrics records, config)``."""
+    from horizonrl.train.trainers.group import GroupTrainer
+
+    cfg = load_config(
+        config,
+        [
+            f"model.path={tiny_model_dir}",
+            "train.steps=2",
+            "env.test_tasks=2",
+            "train.eval_samples=1",
+            "rollout.group_size=2",
+            "train.progress=false",
+            f"train.out_dir={out_dir}",
+        ],
+    )
+    return GroupTrainer(cfg).fit(), cfg
+
+
 def annotated(run_dir, step: int) -> list:
     """``[(rollout, per-token advantages [segment][turn])]`` of ``rollouts/step_N.jsonl``."""
     from horizonrl.train.records.rollout_log import token_advantages

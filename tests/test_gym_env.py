@@ -12,7 +12,7 @@ from horizonrl.config import load_config
 from horizonrl.envs import get_env
 from horizonrl.envs.gym_text import step_outcome
 from horizonrl.errors import ConfigError
-from hub_support import annotated, assert_token_exact_grpo, train_steps
+from hub_support import annotated, assert_token_exact_grpo, train_example, train_steps
 
 LETTERS = {"id": "HorizonLetters-v0", "kwargs": {"letters": 2, "max_steps": 2}}
 COUNTER = {"entry": "gym_games:make_counter", "action_pattern": r"\[(.*?)\]"}
@@ -204,20 +204,6 @@ def test_rtpo_forks_siblings_from_deep_copied_gymnasium_games(tiny_model_dir, tm
 def test_the_hub_example_config_trains_two_steps(tiny_model_dir, tmp_path, monkeypatch):
     from pathlib import Path
 
-    from horizonrl.train.trainers.group import GroupTrainer
-
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the example's paths start at the repository root
-    cfg = load_config(
-        "examples/hubs/gym_letters.yaml",
-        [
-            f"model.path={tiny_model_dir}",
-            "train.steps=2",
-            "env.test_tasks=2",
-            "train.eval_samples=1",
-            "rollout.group_size=2",
-            "train.progress=false",
-            f"train.out_dir={tmp_path}",
-        ],
-    )
-    records = GroupTrainer(cfg).fit()
+    records, cfg = train_example("examples/hubs/gym_letters.yaml", tiny_model_dir, tmp_path)
     assert [r["step"] for r in records][-1] == 2 and cfg.env.name == "gym"

@@ -57,11 +57,12 @@ import time
 from typing import Any, ClassVar
 
 from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.common import split_of
+from horizonrl.envs.common import check_seconds, fill_knobs, split_of
 from horizonrl.envs.episodic import finite_number
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, Tool, ToolCall, ToolCallError, parse_tool_calls
 from horizonrl.errors import ConfigError
+from horizonrl.textparse import strip_blocks
 
 __all__ = ["VerifiersEnv", "gateway_rollout", "load_verifiers_env", "verifiers_tasks"]
 
@@ -311,16 +312,6 @@ def _bridge_class():
     return _Bridge
 
 
-def _strip_tool_calls(text: str) -> str:
-    """``text`` without its ``<tool_call>`` blocks (they travel as ``tool_calls``)."""
-    out, rest = [], text
-    while (i := rest.find(TOOL_OPEN)) >= 0:
-        out.append(rest[:i])
-        j = rest.find(TOOL_CLOSE, i)
-        rest = rest[j + len(TOOL_CLOSE) :] if j >= 0 else ""
-    return ("".join(out) + rest).strip()
-
-
 @register_env("verifiers")
 class VerifiersEnv(Env):
     """A ``verifiers`` environment behind :class:`Env` (see the module docstring)."""
@@ -336,30 +327,28 @@ class VerifiersEnv(Env):
 
     @classmethod
     def validate_knobs(cls, knobs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(knobs) - set(cls.KNOBS))
-        if unknown:
-            raise ValueError(f"verifiers: unknown knob(s) {unknown}; known: {sorted(cls.KNOBS)}")
-        k = {**cls.KNOBS, **knobs}
+        """``knobs`` with defaults filled in; ValueError naming any unknown or bad knob."""
+        return fill_knobs(cls.name, cls.KNOBS, knobs, cls._check_knobs)
+
+    @classmethod
+    def _check_knobs(cls, k: dict[str, Any]) -> None:
         if not isinstance(k["id"], str) or not k["id"]:
             raise ValueError(f"verifiers: knob 'id' must name the environment (its module), got {k['id']!r}")
         if not isinstance(k["args"], dict):
             raise ValueError(
                 f"verifiers: knob 'args' must be a mapping of load_environment arguments, got {k['args']!r}"
             )
-        if k["path"] is not None and not (isinstance(k["path"], str) and os.path.isdir(k["path"])):
-            raise ValueError(
-                f"verifiers: knob 'path' must be a directory holding the module, got {k['path']!r}"
-            )
         if k["path"] is not None:
+            if not (isinstance(k["path"], str) and os.path.isdir(k["path"])):
+                raise ValueError(
+                    f"verifiers: knob 'path' must be a directory holding the module, got {k['path']!r}"
+                )
             k["path"] = os.path.abspath(k["path"])
         if k["obs_key"] not in ("observation", "none"):
             raise ValueError(
                 f"verifiers: knob 'obs_key' must be 'observation' or 'none', got {k['obs_key']!r}"
             )
-        t = k["timeout_s"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            raise ValueError(f"verifiers: knob 'timeout_s' must be a positive number of seconds, got {t!r}")
-        return k
+        check_seconds(cls.name, "timeout_s", k["timeout_s"])
 
     def __init__(self, **knobs: Any) -> None:
         super().__init__(**self.validate_knobs(knobs))
@@ -443,7 +432,9 @@ class VerifiersEnv(Env):
                 obs, role="tool", invalid=True, obs_key=self.state_key(), info={"tool_errors": len(errors)}
             )
         good = [c for c in calls if isinstance(c, ToolCall)]
-        text = _strip_tool_calls(action) if good else action
+        text = (
+            strip_blocks(action, TOOL_OPEN, TOOL_CLOSE).strip() if good else action
+        )  # calls go as tool_calls
         self._bridge.answer(_Loop.get(), text, good, st["turn"])
         kind, messages, _ = self._next()
         if kind == "request":
