@@ -102,7 +102,7 @@ def test_tool_call_grammar_is_the_templates_exact_syntax(tiny, vocab):
         expect = len(calls) == 1 or choice == "required"
         assert _accepts(vocab, c.grammar, ids[len(prefill) :]) == expect, (choice, calls)
     c = b.tool_calls(TOOLS, {"type": "function", "function": {"name": "add"}})
-    assert c.prefill == '<tool_call>{"name": "add", "arguments": '
+    assert c.prefill == '<tool_call>{"name": "add", "arguments":'
     compact = [*encode('{"a":7,"tag":"y"}}</tool_call>'), renderer.eos_id]
     assert not _accepts(vocab, c.grammar, compact)
     invalid = [*encode('{"a": 700, "tag": "y"}}</tool_call>'), renderer.eos_id]  # over the maximum

@@ -295,7 +295,7 @@ def test_openai_agents_sdk_tool_round_trip_is_one_session(gw):
             "Answer the question." in seen and "Where does Ana live?" in seen and '"name": "search"' in seen
         )
         assert seen.endswith(
-            '<|im_start|>assistant\n<tool_call>{"name": "search", "arguments": '
+            '<|im_start|>assistant\n<tool_call>{"name": "search", "arguments":'
         )  # named prefill
         eos = gateway.renderer.eos_id
         t1 = [*tok.encode('{"query": "Ana"}}</tool_call>', add_special_tokens=False), eos]

@@ -633,8 +633,8 @@ def test_openai_client_streams_tool_calls_and_forced_tool_choice(scripted):
     assert all(c[0].id.startswith("call_") and c[0].type == "function" for c in calls.values())
 
     base_prompt = ChatRenderer(tok).initial_ids(msgs, TOOLS)
-    opening = '<tool_call>{"name": "search", "arguments": '
-    engine.replies += ['{"query": "Cy"}}</tool_call>', '{"name": "search", "arguments": {}}</tool_call>']
+    opening = '<tool_call>{"name": "search", "arguments":'
+    engine.replies += [' {"query": "Cy"}}</tool_call>', '{"name": "search", "arguments": {}}</tool_call>']
     named = client.chat.completions.create(
         model="scripted",
         messages=msgs,

@@ -337,7 +337,7 @@ def test_tool_choice_required_gives_valid_calls(client, local):
 
 def test_named_tool_choice_calls_that_tool(client, local):
     _, tok, renderer = local
-    opening = '<tool_call>{"name": "add", "arguments": '
+    opening = '<tool_call>{"name": "add", "arguments":'
     prompt = renderer.initial_ids(HI, TOOLS)
     named = {"type": "function", "function": {"name": "add"}}
     for seed in range(4):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from horizonrl.registry import Registry
@@ -62,12 +63,34 @@ def canonical_call(name: str, arguments: Any) -> str:
     return f"{TOOL_OPEN}{_escape_tags(body)}{TOOL_CLOSE}"
 
 
+@dataclass(frozen=True)
+class CallFrame:
+    """How a format frames one call with JSON arguments, for decoding constrained to it: ``open``, then
+    ``{"name": NAME, "<args_key>": ``, the arguments, ``close``; several calls joined by ``sep`` (None:
+    one call per message)."""
+
+    open: str
+    args_key: str
+    close: str
+    sep: str | None
+
+    def head(self, name: str) -> str:
+        """Everything of a call to ``name`` before its arguments."""
+        return self.open + '{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{self.args_key}": '
+
+
 class ToolFormat:
     """One family's tool-call syntax (see the module docstring)."""
 
     name: ClassVar[str] = "format"
     #: One-line description of the syntax (shown in ``horizonrl`` help and errors).
     syntax: ClassVar[str] = ""
+    #: The frame of a call for constrained decoding (None: the syntax is not JSON and cannot be forced).
+    frame: ClassVar[CallFrame | None] = None
+    #: Whether a call is the whole message (so any message that starts like one may turn into a call).
+    whole_message: ClassVar[bool] = False
+    #: What a whole-message call may start with (after leading whitespace).
+    call_starts: ClassVar[tuple[str, ...]] = ()
 
     def format_call(self, name: str, arguments: Any) -> str:
         raise NotImplementedError
@@ -80,6 +103,24 @@ class ToolFormat:
         return text
 
     def to_canonical(self, text: str) -> str:
+        return text
+
+    def streamable(self, text: str) -> str:
+        """The part of an unfinished message that is content whatever the model writes next: up to the
+        first canonical block, less a suffix that may begin one; nothing while the message may still turn
+        out to be a whole-message call."""
+        if self.whole_message:
+            head = text.lstrip()
+            if head.startswith(PYTHON_TAG):
+                head = head[len(PYTHON_TAG) :].lstrip()
+            if not head or any(head.startswith(c) for c in self.call_starts) or PYTHON_TAG.startswith(head):
+                return ""
+        cut = text.find(TOOL_OPEN)
+        if cut >= 0:
+            return text[:cut]
+        for k in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
+            if text.endswith(TOOL_OPEN[:k]):
+                return text[:-k]
         return text
 
 
@@ -108,6 +149,7 @@ def get_tool_format(name: str) -> ToolFormat:
 @register_tool_format("hermes")
 class HermesFormat(ToolFormat):
     syntax = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+    frame = CallFrame(TOOL_OPEN, "arguments", "}" + TOOL_CLOSE, "\n")
 
     def format_call(self, name: str, arguments: Any) -> str:
         return canonical_call(name, arguments)
@@ -116,6 +158,7 @@ class HermesFormat(ToolFormat):
 @register_tool_format("qwen")
 class QwenFormat(ToolFormat):
     syntax = '<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>'
+    frame = CallFrame(TOOL_OPEN + "\n", "arguments", "}\n" + TOOL_CLOSE, "\n")
 
     def format_call(self, name: str, arguments: Any) -> str:
         # Exactly the template's rendering (no escaping of tags inside strings: Qwen's templates write them).
@@ -127,6 +170,9 @@ class QwenFormat(ToolFormat):
 @register_tool_format("llama3_json")
 class Llama3JsonFormat(ToolFormat):
     syntax = '{"name": ..., "parameters": {...}} (the whole message; <|python_tag|> optional)'
+    frame = CallFrame("", "parameters", "}", None)
+    whole_message = True
+    call_starts = ("{",)
 
     def format_call(self, name: str, arguments: Any) -> str:
         return '{"name": "' + name + '", "parameters": ' + _args_json(arguments) + "}"
@@ -158,6 +204,8 @@ class Llama3JsonFormat(ToolFormat):
 @register_tool_format("pythonic")
 class PythonicFormat(ToolFormat):
     syntax = '[name(arg="value", n=1), other()] (the whole message)'
+    whole_message = True
+    call_starts = ("[",)
 
     def format_call(self, name: str, arguments: Any) -> str:
         args = json.loads(arguments) if isinstance(arguments, str) else arguments

@@ -11,15 +11,22 @@
 - :meth:`ChatService.respond` queues the rows on the :class:`~horizonrl.api.scheduler.Scheduler` and
   answers with one JSON body or, with ``stream: true``, server-sent events in the OpenAI chunk format.
 
-``tool_choice``: ``auto`` (default with tools) parses every well-formed ``<tool_call>`` block of the
-output into ``tool_calls``; ``none`` renders no tools and parses nothing; ``required`` and a named
-function force a call by *constrained decoding* (:mod:`horizonrl.inference.constrain`, llguidance):
-the assistant message is prefilled with ``<tool_call>`` (``required``) or ``<tool_call>{"name": "NAME",
-"arguments": `` (named), and every sampled token after it must follow the grammar of the rest of the
-call in the chat template's exact syntax, with ``arguments`` valid under the tool's JSON schema, then
-end of turn (``required`` may write several calls, one per line, unless ``parallel_tool_calls`` is
-false). The prefill is part of the prompt the engine sees (and of ``usage.prompt_tokens``), not of the
-sampled tokens; it is part of the text that is parsed. ``response_format`` ``json_object`` /
+Tool calls are read and forced in the model family's own syntax (the renderer's
+:class:`~horizonrl.tool_formats.ToolFormat`: Hermes ``<tool_call>`` blocks for horizonrl's tiny model
+and SmolLM2, Qwen's with newlines, Llama 3's bare JSON object, pythonic ``[f(x=1)]`` lists).
+``tool_choice``: ``auto`` (default with tools) parses every well-formed call of the output into
+``tool_calls`` (a family whose calls are the whole message, such as Llama 3's, turns a message that is
+a malformed call into plain content, as the model wrote it); ``none`` renders no tools and parses
+nothing; ``required`` and a named function force a call by *constrained decoding*
+(:mod:`horizonrl.inference.constrain`, llguidance): the assistant message is prefilled with the
+family's opening (``<tool_call>`` in Hermes; ``required``) or the whole head of the call
+(``<tool_call>{"name": "NAME", "arguments":`` in Hermes; named), and every sampled token after it
+must follow the grammar of the rest of the call in the chat template's exact syntax, with
+``arguments`` valid under the tool's JSON schema, then end of turn (``required`` may write several
+calls, one per line, unless ``parallel_tool_calls`` is false or the family writes one call per
+message). A family whose calls are not JSON (pythonic) cannot be forced: that is a 400. The prefill
+is part of the prompt the engine sees (and of ``usage.prompt_tokens``), not of the sampled tokens; it
+is part of the text that is parsed. ``response_format`` ``json_object`` /
 ``json_schema`` constrains the content to one JSON value (matching the schema); with tools and
 ``tool_choice: auto`` the message may be tool calls instead. A completion cut by ``max_tokens`` can
 still be incomplete (``finish_reason: "length"``). Constrained rows report the log-probs of the masked
@@ -63,15 +70,25 @@ from horizonrl.inference.constrain import (
     check_grammar,
 )
 from horizonrl.models.chat import ChatRenderer
+from horizonrl.tool_formats import ToolFormat
 
 __all__ = ["ChatService", "Prepared", "extract_tool_calls"]
 
 _BLOCK = re.compile(re.escape(TOOL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CLOSE) + r"|$)", re.DOTALL)
 
 
-def extract_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Well-formed ``<tool_call>`` blocks of ``text`` as OpenAI tool calls, and the text without them
-    (stripped). Malformed blocks stay in the text (the client sees what the model wrote)."""
+def extract_tool_calls(text: str, tool_format: ToolFormat | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """Well-formed calls of ``text`` as OpenAI tool calls, and the text without them (stripped).
+
+    ``tool_format`` (default: canonical Hermes blocks only) is the family's syntax: its calls are read
+    through :meth:`~horizonrl.tool_formats.ToolFormat.to_canonical`. Malformed calls stay in the text as
+    the model wrote them (the client sees what the model wrote): a malformed canonical block in place, a
+    family-syntax message with a malformed call whole, with no calls."""
+    if tool_format is not None:
+        canonical = tool_format.to_canonical(text)
+        if canonical != text:
+            rest, calls = extract_tool_calls(canonical)
+            return (text.strip(), []) if TOOL_OPEN in rest else (rest, calls)
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0
@@ -228,13 +245,24 @@ class ChatService:
         wants_json, schema = req.json_output()
         if use_tools and (req.tool_choice == "required" or isinstance(req.tool_choice, dict)):
             parallel = req.parallel_tool_calls is not False
+            frame = self.renderer.tool_format.frame
+            if frame is None:
+                raise BadRequest(
+                    400,
+                    f"tool_choice: the {self.renderer.tool_format.name} tool-call syntax of this model's "
+                    "family cannot be forced; use tool_choice 'auto'",
+                    "tool_choice",
+                )
             constraint = self.constraint(
-                lambda b: b.tool_calls(tools, req.tool_choice, parallel=parallel),
+                lambda b: b.tool_calls(tools, req.tool_choice, parallel=parallel, frame=frame),
                 "tool_choice",
                 prefill_only=True,
             )
         elif wants_json:
-            constraint = self.constraint(lambda b: b.json_output(schema, tools=tools), "response_format")
+            frame = self.renderer.tool_format.frame
+            constraint = self.constraint(
+                lambda b: b.json_output(schema, tools=tools, frame=frame), "response_format"
+            )
         prefill = constraint.prefill if constraint is not None else ""
         temperature = 1.0 if req.temperature is None else req.temperature
         greedy = temperature == 0
@@ -339,7 +367,7 @@ class ChatService:
         text = prep.prefill_text + text
         calls: list[dict[str, Any]] = []
         if prep.use_tools:
-            text, calls = extract_tool_calls(text)
+            text, calls = extract_tool_calls(text, self.renderer.tool_format)
         message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
         if calls:
             message["tool_calls"] = calls
@@ -428,12 +456,9 @@ class ChatService:
         """The content that is safe to stream for an unfinished row (module docstring)."""
         text = prep.prefill_text + self.tokenizer.decode(row.ids, skip_special_tokens=True)
         text = text.rstrip("\ufffd")  # an incomplete character
-        markers = prep.params.stop
         if prep.use_tools:
-            cut = text.find(TOOL_OPEN)
-            if cut >= 0:
-                text = text[:cut]
-            markers = (*markers, TOOL_OPEN)
+            text = self.renderer.tool_format.streamable(text)
+        markers = prep.params.stop
         text = text[: len(text) - _held_back(text, markers)] if markers else text
         if prep.use_tools:  # extract_tool_calls strips the content
             text = text.strip()

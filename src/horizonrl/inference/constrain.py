@@ -4,10 +4,12 @@ The grammars are `llguidance <https://github.com/guidance-ai/llguidance>`_ Lark 
 :class:`~horizonrl.inference.base.SamplingParams` carries one as ``grammar``) with embedded
 ``%json {...}`` JSON-schema sub-grammars. They spell out exactly what the chat template renders:
 
-- a tool call (:func:`horizonrl.models.tokenizer.tool_call_text`) is
-  ``<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>``, where ``ARGS`` is ``json.dumps`` of
-  the arguments (``", "`` between items, ``": "`` after keys, no other whitespace) and must match the
-  tool's ``parameters`` schema; several calls are separated by ``"\\n"``;
+- a tool call is written in the model family's syntax (its :class:`~horizonrl.tool_formats.CallFrame`;
+  the default, Hermes, is ``<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>``; Qwen's puts
+  newlines inside the tags; Llama 3's is the bare ``{"name": "NAME", "parameters": ARGS}``, one per
+  message), where ``ARGS`` is ``json.dumps`` of the arguments (``", "`` between items, ``": "`` after
+  keys, no other whitespace) and must match the tool's ``parameters`` schema; several calls are
+  separated by the frame's separator (``"\\n"``);
 - the assistant message then ends with the template's end-of-turn token (``<|im_end|>``).
 
 Tokens the tokenizer never splits (its added tokens, e.g. ``<tool_call>``, ``</tool_call>``,
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN
+from horizonrl.tool_formats import CallFrame, HermesFormat
 
 __all__ = [
     "JSON_STYLE",
@@ -116,6 +118,10 @@ class Constraint:
     forced_call: bool = False
 
 
+#: Horizonrl's canonical Hermes frame (the tiny model's and SmolLM2's syntax).
+DEFAULT_FRAME: CallFrame = HermesFormat.frame  # type: ignore[assignment]
+
+
 def _lark_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
@@ -175,8 +181,11 @@ class GrammarBuilder:
 
     # -- constraints -------------------------------------------------------------------------------------
 
-    def _call_rules(self, tools: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
-        """One rule per named tool: ``{"name": "NAME", "arguments": ARGS}</tool_call>``."""
+    def _call_rules(
+        self, tools: Sequence[Mapping[str, Any]], names: Sequence[str], frame: CallFrame
+    ) -> list[str]:
+        """One rule per named tool: the frame's call to it after the opening (``{"name": "NAME",
+        "arguments": ARGS}</tool_call>`` in the Hermes frame)."""
         index = {_tool_name(t): (i, t) for i, t in enumerate(tools)}
         rules = []
         for k, name in enumerate(names):
@@ -185,9 +194,15 @@ class GrammarBuilder:
             args = self.json_schema(
                 NO_PARAMETERS if params is None else params, f"tools.{i}.function.parameters"
             )
-            head = self.literal('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
-            rules.append(f"call_{k}: {head} args_{k} {self.literal('}' + TOOL_CLOSE)}\nargs_{k}: {args}")
+            head = self.literal(frame.head(name)[len(frame.open) :])
+            rules.append(f"call_{k}: {head} args_{k} {self.literal(frame.close)}\nargs_{k}: {args}")
         return rules
+
+    def _calls(self, frame: CallFrame, parallel: bool) -> str:
+        """``body`` after the frame's first opening, then more calls if ``parallel`` and the frame allows."""
+        if not parallel or frame.sep is None:
+            return "body"
+        return f"body ({self.literal(frame.sep + frame.open)} body)*"
 
     def tool_calls(
         self,
@@ -195,11 +210,14 @@ class GrammarBuilder:
         choice: str | Mapping[str, Any],
         *,
         parallel: bool = True,
+        frame: CallFrame = DEFAULT_FRAME,
     ) -> Constraint:
-        """A forced call: ``choice`` is ``"required"`` (one call to any of ``tools``, or several separated by
-        newlines when ``parallel``) or ``{"type": "function", "function": {"name": NAME}}`` (exactly one call
-        to NAME). The prefill is the template's opening (``<tool_call>``, plus ``{"name": "NAME",
-        "arguments": `` for a named tool); the grammar is the rest of the call(s), then end of turn."""
+        """A forced call in ``frame``'s syntax: ``choice`` is ``"required"`` (one call to any of ``tools``,
+        or several separated by the frame's separator when ``parallel`` and the frame allows several) or
+        ``{"type": "function", "function": {"name": NAME}}`` (exactly one call to NAME). The prefill is
+        the frame's opening (``<tool_call>`` in Hermes; plus ``{"name": "NAME", "arguments":`` for a
+        named tool, without the space that the tokenizer joins to the arguments); the grammar is the
+        rest of the call(s), then end of turn."""
         names = [_tool_name(t) for t in tools]
         if not names:
             raise ConstraintError("tool_choice", "a forced tool call needs tools")
@@ -207,11 +225,11 @@ class GrammarBuilder:
             dup = next(n for n in names if names.count(n) > 1)
             raise ConstraintError("tools", f"two tools are named {dup!r}")
         if choice == "required":
-            rules = self._call_rules(tools, names)
+            rules = self._call_rules(tools, names, frame)
             body = " | ".join(f"call_{k}" for k in range(len(names)))
-            more = f" ({self.literal(chr(10) + TOOL_OPEN)} body)*" if parallel else ""
-            grammar = "\n".join([f"start: body{more} {self.eos}", f"body: {body}", *rules])
-            return Constraint(TOOL_OPEN, grammar + "\n", forced_call=True)
+            start = f"start: {self._calls(frame, parallel)} {self.eos}"
+            grammar = "\n".join([start, f"body: {body}", *rules])
+            return Constraint(frame.open, grammar + "\n", forced_call=True)
         if not isinstance(choice, Mapping):
             raise ConstraintError("tool_choice", f"cannot force a call with tool_choice={choice!r}")
         name = str((choice.get("function") or {}).get("name", ""))
@@ -220,8 +238,12 @@ class GrammarBuilder:
         i = names.index(name)
         params = (tools[i].get("function") or {}).get("parameters")
         args = self.json_schema(NO_PARAMETERS if params is None else params, f"tools.{i}.function.parameters")
-        prefill = TOOL_OPEN + '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
-        grammar = f"start: args {self.literal('}' + TOOL_CLOSE)} {self.eos}\nargs: {args}\n"
+        # The prefill stops before the space after the key: the tokenizer joins that space with the
+        # brace of the arguments (" {"), so the grammar samples it as the template's text tokenizes.
+        head = frame.head(name)
+        prefill = head.rstrip(" ")
+        space = f"{self.literal(head[len(prefill) :])} " if len(prefill) < len(head) else ""
+        grammar = f"start: {space}args {self.literal(frame.close)} {self.eos}\nargs: {args}\n"
         return Constraint(prefill, grammar, forced_call=True)
 
     def json_output(
@@ -230,30 +252,49 @@ class GrammarBuilder:
         *,
         param: str = "response_format.json_schema.schema",
         tools: Sequence[Mapping[str, Any]] | None = None,
+        frame: CallFrame | None = DEFAULT_FRAME,
     ) -> Constraint:
         """Content that is one JSON value matching ``schema`` (None: any JSON object), then end of turn.
 
-        With ``tools`` (``tool_choice: auto``) the message may instead be tool calls in the template's
-        syntax, so the model can still call a tool.
+        With ``tools`` (``tool_choice: auto``) and a ``frame`` the message may instead be tool calls in
+        the frame's syntax, so the model can still call a tool (``frame=None``: the family's calls are
+        not JSON, the content must be).
         """
-        body = self.json_schema({"type": "object"} if schema is None else schema, param)
+        schema = {"type": "object"} if schema is None else schema
+        names = [_tool_name(t) for t in tools or ()]
+        callable_ = bool(names) and frame is not None and len(set(names)) == len(names)
+        if callable_ and not frame.open:
+            # A bare JSON call (Llama 3) is itself a JSON object: one JSON grammar takes the content or a
+            # call (two lexemes that both start with '{' would be ambiguous to the lexer).
+            calls = [_call_schema(t, n, frame.args_key) for t, n in zip(tools or (), names, strict=True)]
+            body = self.json_schema({"anyOf": [schema, *calls]}, param)
+            return Constraint("", f"start: content {self.eos}\ncontent: {body}\n")
+        body = self.json_schema(schema, param)
         alternatives = "content"
         rules = [f"content: {body}"]
-        if tools:
-            names = [_tool_name(t) for t in tools]
-            if len(set(names)) == len(names):
-                rules += self._call_rules(tools, names)
-                calls = " | ".join(f"call_{k}" for k in range(len(names)))
-                opening = self.literal(TOOL_OPEN)
-                rules.append(f"calls: {opening} body ({self.literal(chr(10) + TOOL_OPEN)} body)*")
-                rules.append(f"body: {calls}")
-                alternatives = "content | calls"
+        if callable_:
+            rules += self._call_rules(tools, names, frame)
+            calls = " | ".join(f"call_{k}" for k in range(len(names)))
+            rules.append(f"calls: {self.literal(frame.open)} {self._calls(frame, True)}")
+            rules.append(f"body: {calls}")
+            alternatives = "content | calls"
         grammar = "\n".join([f"start: ({alternatives}) {self.eos}", *rules])
         return Constraint("", grammar + "\n")
 
 
 def _tool_name(tool: Mapping[str, Any]) -> str:
     return str((tool.get("function") or tool).get("name", ""))
+
+
+def _call_schema(tool: Mapping[str, Any], name: str, args_key: str) -> dict[str, Any]:
+    """The JSON schema of a bare call ``{"name": NAME, ARGS_KEY: ARGS}`` (keys in that order)."""
+    params = (tool.get("function") or {}).get("parameters")
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, args_key: NO_PARAMETERS if params is None else params},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
 
 
 # -- token masks -----------------------------------------------------------------------------------------

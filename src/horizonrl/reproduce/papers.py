@@ -38,6 +38,14 @@ RTPO_REGIME = (
     "sft.epochs=3",
 )
 
+#: Issue 27's longer horizon: three operations (K = 4 turns, up to 7 with retries), so that a sibling
+#: group forked at an early boundary still has decisions, and tool failures, ahead of it (at K = 3, 70 %
+#: of RTPO's groups had zero advantage).
+RTPO_LONG = (
+    "env.knobs={n_ops: 3, max_operand: 20, ops: '+-', tool_noise: 0.2}",
+    "rollout.max_turns=7",
+)
+
 # The base config is the RTPO trainer's: the group arms clear its trainer parameters.
 _GROUP = (
     "train.trainer=group",
