@@ -162,3 +162,52 @@ def test_lean_update_under_torchrun(single, tiny_model_dir, tmp_path, strategy):
         assert a["reward/mean"] == b["reward/mean"]
         for key in ("train/pg_loss", "train/kl", "train/ratio_geomean"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
+
+
+LORA = ("model.lora_r=4", "model.lora_alpha=8", "optim.lr=5e-3")
+
+
+@pytest.fixture(scope="module")
+def single_lora(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one-lora")
+    return out, _launch(out, 1, *_common(tiny_model_dir), "train.steps=2", *LORA)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lora_under_torchrun_trains_the_adapters_of_one_process(
+    single_lora, tiny_model_dir, tmp_path, strategy
+):
+    """LoRA under DDP and FSDP2: the adapters after two steps equal one process's (the KL reference is
+    the sharded policy with its adapters off), the base never moves, and the checkpoint is the
+    gathered adapters in peft's format."""
+    from safetensors.torch import load_file
+
+    one_dir, one = single_lora
+    two = _launch(
+        tmp_path, 2, *_common(tiny_model_dir), "train.steps=2", f"distributed.update={strategy}", *LORA
+    )
+    lora_b = [k for k in one if ".lora_B." in k]
+    assert lora_b and one.keys() == two.keys()
+    moved = max(float(one[k].abs().max()) for k in lora_b)  # B starts at zero
+    assert moved > 1e-3, "the steps did not move the adapters: the comparison would be vacuous"
+    _close(one, two, atol=1e-2 * moved)
+    init = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    for k, v in two.items():  # the base weights (peft's base_layer names) are the initial ones
+        plain = k.replace(".base_layer.", ".")
+        if ".lora_" not in k and plain in init:
+            assert torch.equal(v, init[plain]), k
+    for a, b in zip(_metrics(one_dir), _metrics(tmp_path), strict=True):
+        assert a["reward/mean"] == b["reward/mean"]
+        for key in ("train/pg_loss", "train/kl", "train/ratio_geomean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    ckpt = tmp_path / "run" / "checkpoints" / "step_2"
+    assert (ckpt / "adapter_config.json").exists() and not (ckpt / "model.safetensors").exists()
+    saved = load_file(str(ckpt / "adapter_model.safetensors"))
+    assert len(saved) == sum(".lora_" in k for k in two)
+    for k, v in saved.items():
+        mine = [
+            n
+            for n in two
+            if n.endswith(k.removeprefix("base_model.model.").replace(".weight", ".default.weight"))
+        ]
+        assert len(mine) == 1 and torch.equal(v, two[mine[0]]), k

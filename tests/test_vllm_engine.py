@@ -277,6 +277,58 @@ def test_sync_updates_weights_in_place(engine, policy):
     assert _max_diff(model, prompts, engine.generate(prompts, params)) < TOL
 
 
+def test_collective_weight_sync_loads_what_the_file_route_loads(engine, policy, monkeypatch):
+    """``weight_sync: collective``: the weights go over the gloo group, never through a file, and vLLM
+    then holds exactly what the file route loads for the same state dict."""
+    import horizonrl.inference.vllm_engine as vllm_engine
+
+    model, tok = policy
+    prompts, params = _prompts(4, len(tok), seed=11), SamplingParams(greedy=True, max_new_tokens=12)
+    old_sd = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    new_sd = {
+        k: v + torch.randn(v.shape, generator=g) * 0.05 * (float(v.std()) + 1e-3) for k, v in old_sd.items()
+    }
+    try:
+        engine.sync(new_sd)  # the file route
+        by_file = engine.param_sum()
+        file_gens = engine.generate(prompts, params)
+        engine.sync(old_sd)
+        assert engine.param_sum() != by_file
+        engine.weight_sync = "collective"
+
+        def no_file(*a, **k):
+            raise AssertionError("the collective route wrote a weight file")
+
+        monkeypatch.setattr(vllm_engine, "write_weights", no_file)
+        for _ in range(2):  # the group is built once and reused
+            engine.sync(new_sd)
+        assert engine._bus is not None and engine.last_sync_bytes > 0
+        assert engine.param_sum() == by_file
+        gens = engine.generate(prompts, params)
+        assert [x.ids for x in gens] == [x.ids for x in file_gens]
+        assert (
+            max(
+                float(np.abs(np.subtract(a.logprobs, b.logprobs)).max())
+                for a, b in zip(gens, file_gens, strict=True)
+            )
+            == 0.0
+        )
+        model.load_state_dict(new_sd)
+        assert _max_diff(model, prompts, gens) < TOL
+    finally:
+        engine.weight_sync = "file"
+        monkeypatch.undo()
+        model.load_state_dict(old_sd)
+        engine.sync(old_sd)
+
+
+def test_unknown_weight_sync_route_is_refused_by_name(policy):
+    model, tok = policy
+    with pytest.raises(ValueError, match=r"weight_sync='nccl'.*'file', 'collective'"):
+        VLLMEngine(model, tok, weight_sync="nccl")
+
+
 def test_sleep_and_wake_on_cpu_are_accepted(engine, policy):
     """CPU: vLLM accepts sleep/wake_up and frees nothing; generation works afterwards."""
     model, tok = policy

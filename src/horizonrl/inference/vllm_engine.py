@@ -42,7 +42,9 @@ with the semantics of the embedded :class:`~horizonrl.inference.hf.HFEngine`:
 - **Weight sync in place** (:meth:`VLLMEngine.sync`): the state dict is written as
   one safetensors file (``/dev/shm`` when it has room) and loaded by the worker
   extension :class:`~horizonrl.inference.vllm_worker.WeightSyncExtension`
-  (``model_runner.reload_weights`` plus the tied-head refresh). An engine built
+  (``model_runner.reload_weights`` plus the tied-head refresh); with
+  ``weight_sync="collective"`` the tensors are broadcast to the workers over a gloo
+  group of their own instead (:mod:`~horizonrl.inference.weight_bus`), no file. An engine built
   with ``source=model`` (``make_engine(..., shared=True)``) pulls the training
   model's current weights on ``sync()`` and skips the transfer when no parameter
   was modified since the last one (torch's in-place version counters).
@@ -153,6 +155,10 @@ def write_weights(state_dict: Mapping[str, torch.Tensor], path: str | Path, dtyp
         out[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
     save_file(out, str(path))
     return sum(t.numel() * t.element_size() for t in out.values())
+
+
+#: ``inference.params.weight_sync`` values (VLLMEngine).
+WEIGHT_SYNC_ROUTES = ("file", "collective")
 
 
 def _scratch_dir(nbytes: int) -> Path:
@@ -288,9 +294,19 @@ class VLLMEngine(Engine):
         sleep_level: int = 0,
         enable_prefix_caching: bool = True,
         structured_outputs: bool = False,
+        weight_sync: str = "file",
         **llm_kwargs,
     ):
         from vllm.platforms import current_platform
+
+        if weight_sync not in WEIGHT_SYNC_ROUTES:
+            raise ValueError(
+                f"inference.params.weight_sync={weight_sync!r}: must be one of {list(WEIGHT_SYNC_ROUTES)}"
+            )
+        #: How full weights reach vLLM: ``file`` (one safetensors file per sync) or ``collective``
+        #: (a gloo broadcast to the workers, :mod:`horizonrl.inference.weight_bus`).
+        self.weight_sync = weight_sync
+        self._bus = None
 
         if structured_outputs and tokenizer is None:
             raise ValueError("VLLMEngine(structured_outputs=True) needs the tokenizer")
@@ -634,8 +650,21 @@ class VLLMEngine(Engine):
         self.last_sync_s = time.perf_counter() - t
 
     def _write_weights(self, state_dict: Mapping) -> None:
-        """Send full weights (HF names) to vLLM through one safetensors file, waking a sleeping engine."""
+        """Send full weights (HF names) to vLLM, waking a sleeping engine: through one safetensors file,
+        or over the weight group (``weight_sync: collective``)."""
         llm = self.llm
+        if self.weight_sync == "collective":
+            if self._asleep:
+                llm.wake_up(tags=["weights"])
+            if self._bus is None:
+                from horizonrl.inference.weight_bus import WeightBus
+
+                self._bus = WeightBus(llm, workers=self._workers())
+            self.last_sync_bytes = int(self._bus.send(state_dict, self.dtype)["bytes"])
+            if self._asleep:
+                llm.wake_up(tags=["kv_cache"])
+                self._asleep = 0
+            return
         nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
         fd, path = tempfile.mkstemp(
             prefix="horizonrl-weights-", suffix=".safetensors", dir=_scratch_dir(nbytes)
@@ -651,6 +680,11 @@ class VLLMEngine(Engine):
         if self._asleep:
             llm.wake_up(tags=["kv_cache"])
             self._asleep = 0
+
+    def _workers(self) -> int:
+        """vLLM's worker processes (tensor x pipeline parallel size)."""
+        par = self.llm.llm_engine.vllm_config.parallel_config
+        return int(par.tensor_parallel_size) * int(par.pipeline_parallel_size)
 
     def state_dict(self) -> Mapping[str, torch.Tensor]:
         """The weights the engine samples from (the source's at the last sync, or the kept copy)."""

@@ -6,13 +6,17 @@ through ``LLM.collective_rpc``, which needs no pickled callables::
 
     llm.collective_rpc("horizonrl_reload_weights", args=(path,))
 
+``horizonrl_bus_join`` / ``horizonrl_reload_from_bus`` are the file-free route
+(``weight_sync: collective``, :mod:`horizonrl.inference.weight_bus`): the same load, fed
+from a gloo broadcast instead of a file.
+
 ``horizonrl_reload_weights`` streams a safetensors file (Hugging Face
 parameter names) through ``model_runner.reload_weights`` (vLLM's layer-wise
 in-place reload, which re-runs each layer's kernel repacking), then refreshes a
 tied output head. Why these routes (vLLM 0.32, measured on CPU):
 
 - tensors passed inside ``collective_rpc`` kwargs go through msgpack and arrive
-  as lists, so the weights travel as a file;
+  as lists, so the weights travel as a file or over a process group of their own;
 - a plain ``model.load_weights`` fails on CPU: the CPU backend repacks linear
   weights (oneDNN) and drops the original parameters;
 - with tied embeddings (the tiny model, SmolLM2, Qwen2.5-0.5B/1.5B) the CPU
@@ -59,6 +63,40 @@ class WeightSyncExtension:
 
         self.model_runner.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
         return {"tensors": len(names), "tied_head": self._horizonrl_refresh_tied_head()}
+
+    def horizonrl_bus_join(self, host: str, port: int, world: int, timeout_s: float) -> int:
+        """Join the trainer's weight group (:mod:`horizonrl.inference.weight_bus`) as ``1 + rank``."""
+        import datetime
+
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        rank = 1 + int(getattr(self, "rank", 0) or 0)
+        store = dist.TCPStore(host, int(port), int(world), False, timeout=timeout)
+        self._horizonrl_group = dist.ProcessGroupGloo(store, rank, int(world), timeout)
+        self._horizonrl_store = store
+        return rank
+
+    def horizonrl_reload_from_bus(self, manifest: list) -> dict:
+        """Receive every tensor of ``manifest`` (``[name, shape, dtype]``, in the trainer's order) from
+        the weight group and load it in place, as :meth:`horizonrl_reload_weights` loads a file."""
+        import torch
+
+        group = self._horizonrl_group
+
+        def tensors():
+            for name, shape, dtype in manifest:
+                buf = torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype))
+                group.broadcast(buf, 0).wait()
+                yield name, buf
+
+        stream = tensors()
+        try:
+            self.model_runner.reload_weights(weights_iterator=stream, is_checkpoint_format=True)
+        finally:
+            for _ in stream:  # the trainer sends every tensor: receive what the loader did not ask for
+                pass
+        return {"tensors": len(manifest), "tied_head": self._horizonrl_refresh_tied_head()}
 
     def horizonrl_param_sum(self) -> float:
         """Sum of all parameters in float64 (a cheap check that an update arrived)."""

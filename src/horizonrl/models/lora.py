@@ -147,6 +147,16 @@ def apply_lora(model, cfg, *, base_path: str | Path | None = None):
     return model
 
 
+def adapt_like(model: torch.nn.Module, other: torch.nn.Module) -> torch.nn.Module:
+    """Inject ``model``'s adapters (same config, zero update) into ``other``, a plain model of the same
+    architecture, frozen; returns ``other``. Its state dict then has ``model``'s names (a full copy of a
+    sharded adapted policy loads its gathered weights)."""
+    from peft import inject_adapter_in_model
+
+    inject_adapter_in_model(copy.deepcopy(model.peft_config[ADAPTER]), other, adapter_name=ADAPTER)
+    return other.requires_grad_(False)
+
+
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters an optimizer should get: those that require gradients (all of them without
     LoRA, in the model's order, so full fine-tuning builds the same optimizer as before)."""
@@ -320,16 +330,23 @@ def load_adapter_weights(
     model.load_state_dict(state, strict=False)
 
 
-def save_adapter(model: torch.nn.Module, out_dir: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+def save_adapter(
+    model: torch.nn.Module,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
     """Write the adapters of ``model`` in peft's format: ``adapter_config.json`` (rank, scale, target
-    modules, base model directory) and ``adapter_model.safetensors``; returns ``out_dir``."""
+    modules, base model directory) and ``adapter_model.safetensors``; returns ``out_dir``.
+    ``state_dict``: the model's weights to take them from (a sharded model's gathered ones)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
         k: (v.detach().to(dtype) if dtype is not None else v.detach()).contiguous().cpu()
-        for k, v in adapter_tensors(model).items()
+        for k, v in adapter_tensors(model if state_dict is None else state_dict).items()
     }
     save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     model.peft_config[ADAPTER].save_pretrained(str(out))

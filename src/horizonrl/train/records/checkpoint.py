@@ -126,8 +126,8 @@ def save_checkpoint(
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir()
-        if is_lora(model) and state_dict is None:  # the adapters only: the base never changes
-            save_adapter(model, tmp)
+        if is_lora(model):  # the adapters only: the base never changes
+            save_adapter(model, tmp, state_dict=state_dict)
         elif state_dict is None:
             model.save_pretrained(tmp, safe_serialization=True)
         else:

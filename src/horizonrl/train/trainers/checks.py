@@ -174,21 +174,14 @@ def check_run(cfg: RunConfig, *, trainer: bool = True) -> None:
 
 
 def check_lora(cfg: RunConfig, *, trainer: bool = True) -> None:
-    """LoRA (``model.lora_r > 0``) runs in one trainer process with local rollout engines; the Ray
-    replicas and the torchrun update take whole state dicts and are not wired to adapters yet."""
-    import os
-
+    """LoRA (``model.lora_r > 0``) trains in one process or under torchrun (DDP or FSDP2); the Ray
+    replicas take whole state dicts and are not wired to adapters yet."""
     if cfg.model.lora_r <= 0 or not trainer:
         return
     if cfg.distributed.backend == "ray":
         raise ConfigError(
             f"model.lora_r={cfg.model.lora_r}: LoRA is not supported with distributed.backend='ray' "
-            "(use 'local', or full fine-tuning with model.lora_r=0)"
-        )
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        raise ConfigError(
-            f"model.lora_r={cfg.model.lora_r}: LoRA is not supported under torchrun (WORLD_SIZE > 1); "
-            "run one process, or full fine-tuning with model.lora_r=0"
+            "(use 'local' or torchrun, or full fine-tuning with model.lora_r=0)"
         )
 
 

@@ -250,12 +250,17 @@ class ShardedEngine(SeededEngine):
 
 
 def full_model_copy(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """An unsharded, frozen copy of ``model`` (built from its config and gathered weights)."""
+    """An unsharded, frozen copy of ``model`` (built from its config and gathered weights; with the
+    same LoRA adapters when it has them)."""
     from transformers import AutoModelForCausalLM
+
+    from horizonrl.models.lora import adapt_like, is_lora
 
     full = world.full_state_dict(model)
     dtype = next(iter(full.values())).dtype
     copy = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    if is_lora(model):
+        adapt_like(model, copy)
     copy.load_state_dict(full)
     return copy.to(world.device).eval().requires_grad_(False)
 
