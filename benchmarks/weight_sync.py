@@ -1,10 +1,11 @@
 """Weight sync to vLLM: one safetensors file per step (``file``) against a gloo broadcast (``collective``).
 
 For each model, one vLLM engine (the CPU build here) takes ``--rounds`` syncs of freshly perturbed
-weights, the two routes in turns (file, collective, file, ...), so a change in machine load hits both
-alike; the median seconds per sync of each route and their ratio are printed, and after the last
-round of each route the engine's parameter sum is compared with the other route's for the same
-weights (they must be equal). Models are random, built from configs: the embedded tiny model's shape,
+weights (a training-like update of the model in place), the two routes in turns (file, collective,
+file, ...), so a change in machine load hits both alike; the median seconds per sync of each route
+and their ratio are printed, and after the last round of each route the engine's parameter sum and
+its greedy log-probs on four prompts are compared with the other route's for the same weights (they
+must be equal). Models are random, built from configs: the embedded tiny model's shape,
 SmolLM2-135M's (Llama, hidden 576, 30 layers, vocabulary 49,152) and Qwen2.5-0.5B's (hidden 896,
 24 layers, vocabulary 151,936), in float32::
 
@@ -50,6 +51,7 @@ def build(name: str):
 
 
 def bench(name: str, rounds: int) -> dict:
+    from horizonrl.inference import SamplingParams
     from horizonrl.inference.vllm_engine import VLLMEngine
 
     model = build(name)
@@ -57,11 +59,18 @@ def bench(name: str, rounds: int) -> dict:
     engine = VLLMEngine(model, None, max_model_len=256, kv_cache_memory_bytes=256 << 20)
     times: dict[str, list[float]] = {"file": [], "collective": []}
     sums: dict[str, float] = {}
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        [int(t) for t in torch.randint(5, model.config.vocab_size, (16,), generator=g)] for _ in range(4)
+    ]
+    greedy = SamplingParams(greedy=True, max_new_tokens=8)
+    gens = {}
     try:
-        base = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        g = torch.Generator().manual_seed(0)
         for r in range(rounds):
-            sd = {k: v + 1e-3 * torch.randn(v.shape, generator=g) for k, v in base.items()}
+            with torch.no_grad():  # a training-like update (tied tensors stay tied, as in training)
+                for p in model.parameters():
+                    p.add_(1e-3 * torch.randn(p.shape, generator=g))
+            sd = model.state_dict()
             for route in ("file", "collective"):
                 engine.weight_sync = route
                 t = time.perf_counter()
@@ -69,6 +78,7 @@ def bench(name: str, rounds: int) -> dict:
                 times[route].append(time.perf_counter() - t)
                 if r == rounds - 1:
                     sums[route] = engine.param_sum()
+                    gens[route] = engine.generate(prompts, greedy)
         nbytes = engine.last_sync_bytes
     finally:
         engine.close()
@@ -82,12 +92,16 @@ def bench(name: str, rounds: int) -> dict:
         "collective_s": round(med["collective"], 4),
         "file_over_collective": round(med["file"] / med["collective"], 2),
         "same_weights": sums["file"] == sums["collective"],
+        "greedy_max_abs_dlogp": max(
+            float((torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max())
+            for a, b in zip(gens["file"], gens["collective"], strict=True)
+        ),
         "first_collective_s": round(times["collective"][0], 4),  # includes building the group
     }
     print(
         f"{name:8s} {params / 1e6:7.1f}M params {nbytes / 2**20:8.1f} MiB   file {med['file']:.3f} s   "
         f"collective {med['collective']:.3f} s   file/collective {out['file_over_collective']:.2f}x   "
-        f"same weights: {out['same_weights']}",
+        f"same weights: {out['same_weights']} (greedy max |dlogp| {out['greedy_max_abs_dlogp']:.1e})",
         flush=True,
     )
     return out

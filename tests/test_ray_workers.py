@@ -141,7 +141,12 @@ def _assert_same_runs(a, b, init, *, logprob_rtol=1e-4, weight_frac=1e-2):
     for ma, mb in zip(ra, rb, strict=True):
         assert ma["train/pg_loss"] == pytest.approx(mb["train/pg_loss"], abs=1e-6)
         assert ma["train/grad_norm"] == pytest.approx(mb["train/grad_norm"], rel=1e-4)
-    moved = max(float((p.detach() - q).abs().max()) for p, q in zip(ta.model.parameters(), init, strict=True))
+    if init is None:  # a LoRA policy: its B matrices start at zero
+        moved = max(float(p.detach().abs().max()) for n, p in ta.model.named_parameters() if ".lora_B." in n)
+    else:
+        moved = max(
+            float((p.detach() - q).abs().max()) for p, q in zip(ta.model.parameters(), init, strict=True)
+        )
     assert moved > 1e-3, "the update did not move the weights: the comparison would be vacuous"
     for (name, p), q in zip(ta.model.named_parameters(), tb.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=weight_frac * moved, rtol=0, msg=name)
@@ -183,6 +188,30 @@ def test_two_hf_replicas_match_one_local_engine(ray_session, tiny_model_dir, tmp
                 break
             assert time.monotonic() < deadline, "a replica still answers 60 s after close()"
             time.sleep(0.2)
+
+
+def test_lora_policy_on_two_hf_replicas_matches_one_local_engine(ray_session, tiny_model_dir, tmp_path):
+    """A LoRA policy: each replica carries the same adapters and loads the synced ones, so a Ray run
+    samples, scores and trains as a local one."""
+    lora = ("model.lora_r=4", "model.lora_alpha=8", "optim.lr=5e-3")
+    local = _cfg(tiny_model_dir, tmp_path / "local", "distributed.seeding=request", *lora)
+    remote = _cfg(
+        tiny_model_dir,
+        tmp_path / "ray",
+        "distributed.backend=ray",
+        "distributed.num_engine_replicas=2",
+        *lora,
+    )
+    a = _run(local)
+    b = _run(remote)
+    try:
+        _assert_same_runs(a, b, None)
+        eng = b[0].engine
+        ctx, cont = [[5, 6, 7, 8, 9]] * 3, [[10, 11], [12], [13, 14, 15]]
+        for x, y in zip(eng.score(ctx, cont), a[0].engine.score(ctx, cont), strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    finally:
+        b[0].close()
 
 
 def test_environment_workers_behave_like_local_environments(ray_session, tiny_model_dir, tmp_path):

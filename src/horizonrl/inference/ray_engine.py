@@ -19,6 +19,9 @@ each round into per-replica batches with no gain in affinity.
   through the engine registry from the model's config and weights (shipped once
   through the object store), with ``distributed.engine_cpus`` /
   ``engine_gpus`` reserved.
+- **LoRA policies**: a replica injects the same adapters into its copy (the adapter config travels
+  with the weights), so the ``hf`` engine samples with them and the ``vllm`` engine serves them
+  through its LoRA support; syncs carry the policy's state dict as for full fine-tuning.
 - **Weight sync**: ``sync()`` puts the (CPU) state dict in the object store once and
   every replica loads it (``Engine.sync``); ``version`` counts syncs and is
   reported in ``Generation.meta["policy_version"]``. With ``shared=True``
@@ -74,6 +77,12 @@ class EngineReplica:
         torch.set_num_threads(max(1, threads))
         config, dtype = blob["config"], blob["dtype"]
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if blob.get("lora") is not None:  # a LoRA policy: the same adapters, synced as the policy's
+            from peft import inject_adapter_in_model
+
+            from horizonrl.models.lora import ADAPTER
+
+            inject_adapter_in_model(blob["lora"], model, adapter_name=ADAPTER)
         model.load_state_dict(blob["state_dict"])
         if blob.get("generation_config") is not None:  # its eos ids end generations as in the trainer
             model.generation_config = blob["generation_config"]
@@ -275,6 +284,7 @@ def make_ray_engine(
     ``settings`` is the run's ``DistributedConfig`` (address, CPUs/GPUs per replica, routing).
     """
     from horizonrl import cluster
+    from horizonrl.models.lora import ADAPTER, is_lora
 
     ray = cluster.connect(settings.address, num_cpus=settings.num_cpus)
     try:
@@ -287,6 +297,7 @@ def make_ray_engine(
                 "generation_config": getattr(model, "generation_config", None),
                 "dtype": dtype,
                 "state_dict": cpu_state_dict(model),
+                "lora": copy.deepcopy(model.peft_config[ADAPTER]) if is_lora(model) else None,
             }
         )
         device = "cuda" if settings.engine_gpus > 0 else "cpu"

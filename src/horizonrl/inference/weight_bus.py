@@ -47,19 +47,22 @@ def manifest_of(
     state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype
 ) -> tuple[list[list[Any]], list[torch.Tensor]]:
     """``([name, shape, dtype name], ...)`` and the tensors to send (CPU, contiguous, floating point
-    in ``dtype``); a tensor that shares storage with an earlier one is left out (sent once)."""
+    in ``dtype``), in the order of their names; a tensor that shares storage with an earlier one is left
+    out (sent once). This is the file route's content and order (``write_weights`` drops shared tensors
+    the same way, and a safetensors file lists its tensors by name), so that even a state dict that
+    gives a tied model's two names different values loads the same way by both routes."""
     seen: set[int] = set()
-    manifest, tensors = [], []
+    kept: dict[str, torch.Tensor] = {}
     for name, t in state_dict.items():
         ptr = t.data_ptr()
         if ptr in seen:
             continue
         seen.add(ptr)
         t = t.detach()
-        t = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
-        manifest.append([name, list(t.shape), str(t.dtype).removeprefix("torch.")])
-        tensors.append(t)
-    return manifest, tensors
+        kept[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
+    names = sorted(kept)
+    manifest = [[n, list(kept[n].shape), str(kept[n].dtype).removeprefix("torch.")] for n in names]
+    return manifest, [kept[n] for n in names]
 
 
 class WeightBus:

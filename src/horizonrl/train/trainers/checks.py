@@ -170,19 +170,6 @@ def check_run(cfg: RunConfig, *, trainer: bool = True) -> None:
 
     check_names(cfg, trainer=trainer)
     resolve_device(cfg.model.device)
-    check_lora(cfg, trainer=trainer)
-
-
-def check_lora(cfg: RunConfig, *, trainer: bool = True) -> None:
-    """LoRA (``model.lora_r > 0``) trains in one process or under torchrun (DDP or FSDP2); the Ray
-    replicas take whole state dicts and are not wired to adapters yet."""
-    if cfg.model.lora_r <= 0 or not trainer:
-        return
-    if cfg.distributed.backend == "ray":
-        raise ConfigError(
-            f"model.lora_r={cfg.model.lora_r}: LoRA is not supported with distributed.backend='ray' "
-            "(use 'local' or torchrun, or full fine-tuning with model.lora_r=0)"
-        )
 
 
 def ensure_dir(path: str | Path, field: str) -> Path:
