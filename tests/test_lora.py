@@ -209,12 +209,6 @@ def test_an_unknown_target_module_is_named(tiny_model_dir, tmp_path, targets, me
         load_policy(cfg.model, init=None, work_dir=tmp_path)
 
 
-def test_lora_is_refused_with_ray_workers(tiny_model_dir, tmp_path):
-    cfg = _cfg(tiny_model_dir, tmp_path, "distributed.backend=ray")
-    with pytest.raises(ConfigError, match=r"LoRA is not supported with distributed\.backend='ray'"):
-        GroupTrainer(cfg)
-
-
 def test_sft_with_lora_writes_a_plain_merged_model(tiny_model_dir, tmp_path):
     from horizonrl.train.recipes import run_sft
 
