@@ -19,9 +19,10 @@ pytest.importorskip("llguidance")
 
 from families_support import family_model_dir, family_tokenizer
 from horizonrl.api.chat import extract_tool_calls
-from horizonrl.inference.constrain import GrammarBuilder, GrammarVocab, RowMatchers
+from horizonrl.inference.constrain import GrammarBuilder, GrammarVocab
 from horizonrl.models.chat import ChatRenderer
 from horizonrl.tool_formats import get_tool_format
+from test_constrained import _accepts
 
 ARGS = {
     "type": "object",
@@ -34,14 +35,6 @@ TOOLS = [
     {"type": "function", "function": {"name": "ping"}},
 ]
 HI = [{"role": "user", "content": "find Ana"}]
-
-
-def _accepts(vocab, grammar: str, ids: list[int]) -> bool:
-    m = RowMatchers(vocab, grammar, 1)
-    for t in ids:
-        if m.stopped(0) or not m.consume(0, t):
-            return False
-    return m.stopped(0)
 
 
 # -- reading calls ---------------------------------------------------------------------------------------

@@ -144,15 +144,9 @@ def write_weights(state_dict: Mapping[str, torch.Tensor], path: str | Path, dtyp
     """
     from safetensors.torch import save_file
 
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state_dict.items():
-        ptr = t.data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        t = t.detach()
-        out[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
+    from horizonrl.inference.weight_bus import unique_tensors
+
+    out = unique_tensors(state_dict, dtype)
     save_file(out, str(path))
     return sum(t.numel() * t.element_size() for t in out.values())
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["WeightBus", "manifest_of"]
+__all__ = ["WeightBus", "manifest_of", "unique_tensors"]
 
 #: How long a broadcast or the group's setup waits for the other side.
 DEFAULT_TIMEOUT_S = 300.0
@@ -43,6 +43,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def unique_tensors(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``state_dict`` as sent to vLLM (either route): CPU, contiguous, floating point in ``dtype``; a
+    tensor that shares storage with an earlier one (tied embeddings) is left out."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state_dict.items():
+        ptr = t.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        t = t.detach()
+        out[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
+    return out
+
+
 def manifest_of(
     state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype
 ) -> tuple[list[list[Any]], list[torch.Tensor]]:
@@ -51,15 +66,7 @@ def manifest_of(
     out (sent once). This is the file route's content and order (``write_weights`` drops shared tensors
     the same way, and a safetensors file lists its tensors by name), so that even a state dict that
     gives a tied model's two names different values loads the same way by both routes."""
-    seen: set[int] = set()
-    kept: dict[str, torch.Tensor] = {}
-    for name, t in state_dict.items():
-        ptr = t.data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        t = t.detach()
-        kept[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous().cpu()
+    kept = unique_tensors(state_dict, dtype)
     names = sorted(kept)
     manifest = [[n, list(kept[n].shape), str(kept[n].dtype).removeprefix("torch.")] for n in names]
     return manifest, [kept[n] for n in names]
