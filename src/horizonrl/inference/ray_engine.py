@@ -78,11 +78,9 @@ class EngineReplica:
         config, dtype = blob["config"], blob["dtype"]
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         if blob.get("lora") is not None:  # a LoRA policy: the same adapters, synced as the policy's
-            from peft import inject_adapter_in_model
+            from horizonrl.models.lora import adapt_like
 
-            from horizonrl.models.lora import ADAPTER
-
-            inject_adapter_in_model(blob["lora"], model, adapter_name=ADAPTER)
+            adapt_like(blob["lora"], model)
         model.load_state_dict(blob["state_dict"])
         if blob.get("generation_config") is not None:  # its eos ids end generations as in the trainer
             model.generation_config = blob["generation_config"]
@@ -297,7 +295,7 @@ def make_ray_engine(
                 "generation_config": getattr(model, "generation_config", None),
                 "dtype": dtype,
                 "state_dict": cpu_state_dict(model),
-                "lora": copy.deepcopy(model.peft_config[ADAPTER]) if is_lora(model) else None,
+                "lora": model.peft_config[ADAPTER] if is_lora(model) else None,
             }
         )
         device = "cuda" if settings.engine_gpus > 0 else "cpu"

@@ -647,30 +647,25 @@ class VLLMEngine(Engine):
         """Send full weights (HF names) to vLLM, waking a sleeping engine: through one safetensors file,
         or over the weight group (``weight_sync: collective``)."""
         llm = self.llm
+        if self._asleep:
+            llm.wake_up(tags=["weights"])
         if self.weight_sync == "collective":
-            if self._asleep:
-                llm.wake_up(tags=["weights"])
             if self._bus is None:
                 from horizonrl.inference.weight_bus import WeightBus
 
                 self._bus = WeightBus(llm, workers=self._workers())
             self.last_sync_bytes = int(self._bus.send(state_dict, self.dtype)["bytes"])
-            if self._asleep:
-                llm.wake_up(tags=["kv_cache"])
-                self._asleep = 0
-            return
-        nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
-        fd, path = tempfile.mkstemp(
-            prefix="horizonrl-weights-", suffix=".safetensors", dir=_scratch_dir(nbytes)
-        )
-        os.close(fd)
-        try:
-            self.last_sync_bytes = write_weights(state_dict, path, self.dtype)
-            if self._asleep:
-                llm.wake_up(tags=["weights"])
-            llm.collective_rpc("horizonrl_reload_weights", args=(path,))
-        finally:
-            os.remove(path)
+        else:
+            nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
+            fd, path = tempfile.mkstemp(
+                prefix="horizonrl-weights-", suffix=".safetensors", dir=_scratch_dir(nbytes)
+            )
+            os.close(fd)
+            try:
+                self.last_sync_bytes = write_weights(state_dict, path, self.dtype)
+                llm.collective_rpc("horizonrl_reload_weights", args=(path,))
+            finally:
+                os.remove(path)
         if self._asleep:
             llm.wake_up(tags=["kv_cache"])
             self._asleep = 0
@@ -715,6 +710,9 @@ class VLLMEngine(Engine):
 
     def close(self) -> None:
         """Stop vLLM's processes and delete the engine's files (idempotent)."""
+        if self._bus is not None:
+            self._bus.close()
+            self._bus = None
         self._llm = None
         self._finalizer()
         gc.collect()

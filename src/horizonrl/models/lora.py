@@ -147,13 +147,15 @@ def apply_lora(model, cfg, *, base_path: str | Path | None = None):
     return model
 
 
-def adapt_like(model: torch.nn.Module, other: torch.nn.Module) -> torch.nn.Module:
-    """Inject ``model``'s adapters (same config, zero update) into ``other``, a plain model of the same
-    architecture, frozen; returns ``other``. Its state dict then has ``model``'s names (a full copy of a
-    sharded adapted policy loads its gathered weights)."""
+def adapt_like(model: torch.nn.Module | Any, other: torch.nn.Module) -> torch.nn.Module:
+    """Inject ``model``'s adapters (same config, zero update; ``model`` may be the adapter's peft config
+    itself) into ``other``, a plain model of the same architecture, frozen; returns ``other``. Its state
+    dict then has ``model``'s names (a full copy of a sharded adapted policy or a Ray replica loads the
+    policy's weights)."""
     from peft import inject_adapter_in_model
 
-    inject_adapter_in_model(copy.deepcopy(model.peft_config[ADAPTER]), other, adapter_name=ADAPTER)
+    config = model.peft_config[ADAPTER] if isinstance(model, torch.nn.Module) else model
+    inject_adapter_in_model(copy.deepcopy(config), other, adapter_name=ADAPTER)
     return other.requires_grad_(False)
 
 
