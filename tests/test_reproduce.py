@@ -373,3 +373,29 @@ def test_rerunning_one_arm_carries_the_others_only_from_the_same_warm_start(tmp_
     (tmp_path / "r" / "mini.json").write_text(json.dumps(full))
     res = reproduce(changed, only_rloo, results_dir=tmp_path / "r")
     assert list(res["arms"]) == ["rloo"] and "carried_arms" not in res
+
+
+def test_carried_arms_compare_overrides_as_the_config_reads_them():
+    """An earlier page's `rtpo.siblings=4` (a section that moved to train.trainer_params) and a group arm
+    that did not spell out `train.trainer_params={}` are the same declaration; any other change is not."""
+    from horizonrl.reproduce.carry import _stale
+
+    paper = Paper(
+        name="p",
+        title="t",
+        claim="c",
+        base="rtpo_arithmetic",
+        arms=(
+            Arm("rtpo", ("train.trainer=rtpo", "train.trainer_params.siblings=4")),
+            Arm("grpo", ("train.trainer=group", "train.trainer_params={}", "rollout.group_size=8")),
+        ),
+        comparisons=(),
+    )
+    old = {
+        "rtpo": {"overrides": ["train.trainer=rtpo", "rtpo.siblings=4"]},
+        "grpo": {"overrides": ["train.trainer=group", "rollout.group_size=8"]},
+    }
+    assert _stale(paper, old) == []
+    old["rtpo"]["overrides"] = ["train.trainer=rtpo", "rtpo.siblings=3"]
+    old["gone"] = {"overrides": []}
+    assert _stale(paper, old) == ["rtpo", "gone"]

@@ -36,10 +36,35 @@ CARRY_SETUP = (
 )
 
 
+def _spelled_now(item: str) -> str:
+    """An override as today's config spells it: a field of a section that moved
+    (``config.run.MOVED_SECTIONS``, e.g. ``rtpo.siblings=4``) under its new place
+    (``train.trainer_params.siblings=4``), as loading the config reads it."""
+    from horizonrl.config.run import MOVED_SECTIONS
+
+    section, dot, rest = item.partition(".")
+    if dot and section in MOVED_SECTIONS:
+        return f"{MOVED_SECTIONS[section][0]}.{rest}"
+    return item
+
+
+#: Overrides that restate what an earlier declaration got without them: a group arm of a base config
+#: whose trainer takes parameters clears them; before ``train.trainer_params`` existed those parameters
+#: lived in their own section (``rtpo:``), which other trainers ignored.
+_NO_OPS = frozenset({"train.trainer_params={}"})
+
+
 def _stale(paper: Paper, old_arms: dict[str, Any]) -> list[str]:
-    """Earlier arms whose declaration is gone or whose overrides changed."""
+    """Earlier arms whose declaration is gone or whose overrides changed (a moved section's spelling, or
+    an override of :data:`_NO_OPS`, is not a change)."""
     arms = {a.name: a for a in paper.arms}
-    return [n for n, a in old_arms.items() if n not in arms or a["overrides"] != list(arms[n].overrides)]
+
+    def norm(items) -> list[str]:
+        return [_spelled_now(o) for o in items if o not in _NO_OPS]
+
+    return [
+        n for n, a in old_arms.items() if n not in arms or norm(a["overrides"]) != norm(arms[n].overrides)
+    ]
 
 
 def _start(res: dict[str, Any], scenario: str) -> list | None:

@@ -362,8 +362,9 @@ def _carried_text(res: dict[str, Any]) -> str:
             else "the earlier page did not record its warm-start key, so only the setup and the arms' "
             "overrides were compared"
         )
+        name = f"Scenario `{s}`" if s else "The base scenario"
         lines.append(
-            f"**Scenario `{s}` is carried over** from an earlier run ({origin(c)}; arms {arms}): this run "
+            f"**{name} is carried over** from an earlier run ({origin(c)}; arms {arms}): this run "
             f"did not rerun it. The setup and the arms' overrides match; {key}."
         )
     by_run: dict[tuple, list[str]] = {}
