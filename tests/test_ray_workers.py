@@ -152,6 +152,13 @@ def _assert_same_runs(a, b, init, *, logprob_rtol=1e-4, weight_frac=1e-2):
         torch.testing.assert_close(p, q, atol=weight_frac * moved, rtol=0, msg=name)
 
 
+def _assert_same_scores(engine, local) -> None:
+    """``engine`` (the replicas) scores continuations as the local engine does (float32 rounding)."""
+    ctx, cont = [[5, 6, 7, 8, 9]] * 3, [[10, 11], [12], [13, 14, 15]]
+    for x, y in zip(engine.score(ctx, cont), local.score(ctx, cont), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
 def test_two_hf_replicas_match_one_local_engine(ray_session, tiny_model_dir, tmp_path):
     local = _cfg(tiny_model_dir, tmp_path / "local", "distributed.seeding=request")
     remote = _cfg(
@@ -170,10 +177,7 @@ def test_two_hf_replicas_match_one_local_engine(ray_session, tiny_model_dir, tmp
         served = {g.meta["replica"] for g in eng.generate([[5, 6, 7, 8]] * 6, a[0].params)}
         assert served == {0, 1}
         _assert_same_runs(a, b, init)
-        # The replicas hold the updated weights: their scores equal the local engine's.
-        ctx, cont = [[5, 6, 7, 8, 9]] * 3, [[10, 11], [12], [13, 14, 15]]
-        for x, y in zip(eng.score(ctx, cont), a[0].engine.score(ctx, cont), strict=True):
-            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        _assert_same_scores(eng, a[0].engine)  # the replicas hold the updated weights
         replicas = list(eng.replicas)
     finally:
         b[0].close()
@@ -206,10 +210,7 @@ def test_lora_policy_on_two_hf_replicas_matches_one_local_engine(ray_session, ti
     b = _run(remote)
     try:
         _assert_same_runs(a, b, None)
-        eng = b[0].engine
-        ctx, cont = [[5, 6, 7, 8, 9]] * 3, [[10, 11], [12], [13, 14, 15]]
-        for x, y in zip(eng.score(ctx, cont), a[0].engine.score(ctx, cont), strict=True):
-            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        _assert_same_scores(b[0].engine, a[0].engine)
     finally:
         b[0].close()
 

@@ -87,9 +87,8 @@ class ToolFormat:
     syntax: ClassVar[str] = ""
     #: The frame of a call for constrained decoding (None: the syntax is not JSON and cannot be forced).
     frame: ClassVar[CallFrame | None] = None
-    #: Whether a call is the whole message (so any message that starts like one may turn into a call).
-    whole_message: ClassVar[bool] = False
-    #: What a whole-message call may start with (after leading whitespace).
+    #: What a call may start with when it is the whole message (after leading whitespace); empty for a
+    #: syntax whose calls sit in tags inside the text.
     call_starts: ClassVar[tuple[str, ...]] = ()
 
     def format_call(self, name: str, arguments: Any) -> str:
@@ -109,7 +108,7 @@ class ToolFormat:
         """The part of an unfinished message that is content whatever the model writes next: up to the
         first canonical block, less a suffix that may begin one; nothing while the message may still turn
         out to be a whole-message call."""
-        if self.whole_message:
+        if self.call_starts:  # a whole-message syntax
             head = text.lstrip()
             if head.startswith(PYTHON_TAG):
                 head = head[len(PYTHON_TAG) :].lstrip()
@@ -171,7 +170,6 @@ class QwenFormat(ToolFormat):
 class Llama3JsonFormat(ToolFormat):
     syntax = '{"name": ..., "parameters": {...}} (the whole message; <|python_tag|> optional)'
     frame = CallFrame("", "parameters", "}", None)
-    whole_message = True
     call_starts = ("{",)
 
     def format_call(self, name: str, arguments: Any) -> str:
@@ -204,7 +202,6 @@ class Llama3JsonFormat(ToolFormat):
 @register_tool_format("pythonic")
 class PythonicFormat(ToolFormat):
     syntax = '[name(arg="value", n=1), other()] (the whole message)'
-    whole_message = True
     call_starts = ("[",)
 
     def format_call(self, name: str, arguments: Any) -> str:

@@ -654,7 +654,7 @@ class VLLMEngine(Engine):
                 from horizonrl.inference.weight_bus import WeightBus
 
                 self._bus = WeightBus(llm, workers=self._workers())
-            self.last_sync_bytes = int(self._bus.send(state_dict, self.dtype)["bytes"])
+            self.last_sync_bytes = self._bus.send(state_dict, self.dtype)
         else:
             nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
             fd, path = tempfile.mkstemp(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime
 import socket
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,9 +121,8 @@ class WeightBus:
         finally:
             self._finish(thread, box, "joining the weight group")
 
-    def send(self, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, float]:
-        """Load ``state_dict`` (HF names) into the workers; returns ``{"bytes", "seconds"}``."""
-        t0 = time.perf_counter()
+    def send(self, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype) -> int:
+        """Load ``state_dict`` (HF names) into the workers; returns the bytes sent."""
         self.open()
         manifest, tensors = manifest_of(state_dict, dtype)
         thread, box = self._rpc_in_thread("horizonrl_reload_from_bus", (manifest,))
@@ -133,8 +131,7 @@ class WeightBus:
                 self._group.broadcast(t, 0).wait()
         finally:
             self._finish(thread, box, "loading the weights")
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return {"bytes": float(nbytes), "seconds": time.perf_counter() - t0}
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def close(self) -> None:
         self._group = None
