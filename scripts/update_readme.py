@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 
 from horizonrl.config import describe
@@ -60,33 +61,41 @@ def _not_run(warm: dict, res: dict) -> str:
     return f"not run: warm-start pass@1 {warm['pass@1']:.3f} outside the gate {res['setup']['gate']}"
 
 
+def _median_updates(res: dict, arm: str) -> str:
+    """Median policy updates over ``arm``'s seeds ('–' when the page does not record them)."""
+    seeds = (res.get("arms") or {}).get(arm, {}).get("seeds") or []
+    counts = [s["updates"] for s in seeds if s.get("updates") is not None]
+    return f"{statistics.median(counts):g}" if counts else "–"
+
+
 def results_block() -> str:
     """One row per reported comparison of every reproduction page that exists."""
     lines = [
-        "| paper | comparison | claim | Δ end pass@1, mean [95% t-CI over seeds] | seeds | reading |",
-        "|---|---|---|---|---|---|",
+        "| paper | comparison | claim | Δ end pass@1, mean [95% t-CI over seeds] | seeds "
+        "| updates / arm-seed (median, arm / baseline) | reading |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in PAPERS:
         path = ROOT / "docs" / "results" / f"{name}.json"
         if not path.exists():
-            lines.append(f"| {name} | – | – | not run yet | – | – |")
+            lines.append(f"| {name} | – | – | not run yet | – | – | – |")
             continue
         res = json.loads(path.read_text())
         if res.get("status") == "gate_refused":
-            lines.append(
-                f"| [{name}](docs/results/{name}.md) | – | – | {_not_run(res['warm_start'], res)} | – | – |"
-            )
+            why = _not_run(res["warm_start"], res)
+            lines.append(f"| [{name}](docs/results/{name}.md) | – | – | {why} | – | – | – |")
             continue
         for s, r in (res.get("refused_scenarios") or {}).items():
             lines.append(
-                f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {_not_run(r, res)} | – | – |"
+                f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {_not_run(r, res)} | – | – | – |"
             )
         for c in res["comparisons"]:
             t = c["t"]
             ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"
             link = f"[{name}](docs/results/{name}.md)"
             pair = f"`{c['arm']}` − `{c['baseline']}`"
-            lines.append(f"| {link} | {pair} | {c['claim']} | {ci} | {t['n']} | {c['verdict']} |")
+            updates = " / ".join(_median_updates(res, a) for a in (c["arm"], c["baseline"]))
+            lines.append(f"| {link} | {pair} | {c['claim']} | {ci} | {t['n']} | {updates} | {c['verdict']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from horizonrl.credit import get_estimator
-from horizonrl.credit.ccpo import contextual_credit, contextual_credit_from_features, peer_readout
+from horizonrl.credit.ccpo import (
+    contextual_credit,
+    contextual_credit_from_features,
+    peer_diagnostics,
+    peer_readout,
+)
 from horizonrl.credit.ccpo_features import (
     StepBatch,
     context_features,
@@ -377,6 +382,40 @@ def test_kappa_shrinks_exact_readouts_toward_the_other_trajectories_task_mean():
     assert shrunk[3] == plain[3]
     with pytest.raises(ValueError, match="kappa"):
         readout(sb, phi, target, kappa=-1.0)
+
+
+def test_peer_diagnostics_by_hand():
+    """J per step, the thin share and the gap B[Y] - b_task[Y] of the paper readout (uniform kernel)."""
+    rows = [
+        ("x", "i", 0, 2, "a", 1.0, False),
+        ("x", "i", 1, 2, "b", 1.0, False),
+        ("x", "j", 0, 3, "a", 0.0, False),
+        ("x", "j", 1, 3, "c", 0.0, False),
+        ("x", "j", 2, 3, "a", 0.0, False),
+        ("x", "k", 0, 1, "a", 1.0, False),
+        *[("y", name, 0, 1, "a", float(name == "p"), False) for name in "pqrs"],
+    ]
+    hidden = np.random.default_rng(2).normal(size=(len(rows), 4))
+    d = peer_diagnostics(batch(rows), hidden, gamma=1.0, eta=0.0, kernel="uniform", kappa=2.0)
+    # Task x, gamma = 1: Y = R. i0 (a): peers j (mass 2, mean 0) and k (1): B = 1/3; b_task = mean(0,0,0,1)
+    # = 1/4 -> gap 1/12. j0, j2: peers i0, k0: B = 1 = b_task(j) = mean(1, 1, 1) -> 0. k0: B = 1/3,
+    # b_task = mean(1, 1, 0, 0, 0) = 2/5 -> -1/15. i1, j1: no exact peer (J = 0). All four have J = 2.
+    # Task y: one-step trajectories, J = 3, B = b_task -> gap 0.
+    sq = (1 / 12) ** 2 + (1 / 15) ** 2
+    assert d["peer_trajs_mean"] == pytest.approx((4 * 2 + 4 * 3) / 8)
+    assert d["thin_peer_rate"] == pytest.approx(4 / 10)
+    assert d["baseline_gap_rms"] == pytest.approx(math.sqrt(sq / 8))
+    assert d["baseline_gap_rms_thin"] == pytest.approx(math.sqrt(sq / 4))
+    assert d["baseline_gap_rms_kappa"] == pytest.approx(0.5 * math.sqrt(sq / 8))  # J / (J + 2) = 1/2
+    assert peer_diagnostics(batch(rows[1:2]), hidden[1:2]) == {  # one step, no peer
+        "peer_trajs_mean": 0.0,
+        "thin_peer_rate": 0.0,
+        "baseline_gap_rms": 0.0,
+        "baseline_gap_rms_thin": 0.0,
+        "baseline_gap_rms_kappa": 0.0,
+    }
+    with pytest.raises(ValueError, match="kappa"):
+        peer_diagnostics(batch(rows), hidden, kappa=-1.0)
 
 
 def test_kappa_reaches_the_historical_credit():

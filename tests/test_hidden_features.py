@@ -10,7 +10,8 @@ import torch
 
 from horizonrl import credit
 from horizonrl.config import RunConfig, from_dict
-from horizonrl.credit.ccpo_features import step_batch_from_groups
+from horizonrl.credit.ccpo import peer_diagnostics
+from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
 from horizonrl.models import load_model_and_tokenizer
 from horizonrl.train.methods.ccpo import (
     HiddenStateCache,
@@ -237,6 +238,12 @@ def test_the_ccpo_estimator_runs_on_the_provided_states(model_tok):
     assert "time/feature_hidden_s" in metrics and "ccpo/supported_rate" in metrics
     adv = est(groups, **values)
     assert len(adv) == sum(len(g.rollouts) for g in groups)
+    # The peer diagnostics read the estimator's own parameters (here gamma, eta) and probe kappa = 2.
+    params = {"gamma": 0.9, "eta": 0.05, "kappa": 0.0}
+    _, metrics = compute_features(ctx, est.needs, groups, params)
+    steps = step_batch_from_groups(groups, observation=observation_mode("text"))  # obs_key defaults to text
+    want = peer_diagnostics(steps, values["hidden"], gamma=0.9, eta=0.05, kappa=2.0)
+    assert want and {f"ccpo/{k}": v for k, v in want.items()}.items() <= metrics.items()
 
 
 def test_one_group_trainer_step_with_ccpo_and_the_stepwise_agent(tiny_model_dir, tmp_path):

@@ -199,7 +199,7 @@ def test_a_refused_scenario_is_recorded_while_the_other_scenarios_run(tmp_path):
     row = [r for r in mod.results_block().splitlines() if r.startswith("| [mosaic]")]
     assert row == [
         f"| [mosaic](docs/results/mosaic.md) | scenario `long` | – | not run: warm-start pass@1 "
-        f"{long['pass@1']:.3f} outside the gate [0.0, 1.0] | – | – |"
+        f"{long['pass@1']:.3f} outside the gate [0.0, 1.0] | – | – | – |"
     ]
 
 
@@ -236,20 +236,27 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
     (tmp_path / "docs" / "results" / "ccpo.json").write_text(json.dumps(refused))
     t = {"mean": 0.05, "lo": -0.01, "hi": 0.11, "n": 5}
     done = {
-        "comparisons": [{"arm": "rtpo", "baseline": "grpo", "claim": "c", "t": t, "verdict": "inside noise"}]
+        "comparisons": [{"arm": "rtpo", "baseline": "grpo", "claim": "c", "t": t, "verdict": "inside noise"}],
+        "arms": {
+            "rtpo": {"seeds": [{"updates": u} for u in (44, 40, 51, 47)]},  # median (44 + 47) / 2
+            "grpo": {"seeds": [{"updates": u} for u in (29, 31, 30)]},
+        },
     }
     (tmp_path / "docs" / "results" / "rtpo.json").write_text(json.dumps(done))
     monkeypatch.setattr(mod, "ROOT", tmp_path)
     rows = mod.results_block().splitlines()[2:]
     assert (
         rows[0] == "| [rtpo](docs/results/rtpo.md) | `rtpo` − `grpo` | c | +0.050 [-0.010, +0.110] | 5 "
-        "| inside noise |"
+        "| 45.5 / 30 | inside noise |"
     )
     assert rows[1] == (
         "| [ccpo](docs/results/ccpo.md) | – | – | not run: warm-start pass@1 0.105 outside the gate "
-        "[0.25, 0.75] | – | – |"
+        "[0.25, 0.75] | – | – | – |"
     )
-    assert rows[2:] == ["| mosaic | – | – | not run yet | – | – |", "| echo | – | – | not run yet | – | – |"]
+    assert rows[2:] == [
+        "| mosaic | – | – | not run yet | – | – | – |",
+        "| echo | – | – | not run yet | – | – | – |",
+    ]
 
 
 def test_readme_quickstart_check_block_is_the_printed_table():
@@ -399,3 +406,36 @@ def test_carried_arms_compare_overrides_as_the_config_reads_them():
     old["rtpo"]["overrides"] = ["train.trainer=rtpo", "rtpo.siblings=3"]
     old["gone"] = {"overrides": []}
     assert _stale(paper, old) == ["rtpo", "gone"]
+
+
+def test_per_seed_table_lists_every_arm_seed_with_its_run_means():
+    from horizonrl.reproduce.report import seed_table
+
+    def seed(s, p, upd, diag):
+        return {"seed": s, "pass@1": p, "updates": upd, "diagnostics": diag}
+
+    res = {
+        "arms": {
+            "ccpo": {"seeds": [seed(0, 0.5, 44, {"k": 1.25}), seed(1, 0.25, 41, {"k": None})]},
+            "grpo": {"seeds": [seed(0, 0.375, 40, {})]},
+        }
+    }
+    lines = seed_table(res, ["k"]).splitlines()
+    assert lines[0] == "| arm | seed | end pass@1 | updates | k |"
+    assert lines[2:] == [
+        "| `ccpo` | 0 | 0.500 | 44 | 1.250 |",
+        "| `ccpo` | 1 | 0.250 | 41 | – |",
+        "| `grpo` | 0 | 0.375 | 40 | – |",
+    ]
+
+
+def test_declared_arms_without_runs_are_named_on_the_page():
+    from horizonrl.reproduce.report import _absent_text
+
+    res = {"paper": "ccpo", "declared_arms": ["a", "b", "c", "d"], "arms": {"a": {}}}
+    res["refused_scenarios"] = {"long": {"arms": ["d"]}}  # a refused scenario has its own section
+    text = _absent_text(res)
+    assert "**Not on this page:** `b`, `c`, declared" in text
+    assert "`horizonrl reproduce ccpo --arms b,c`" in text and "`d`" not in text
+    assert _absent_text({**res, "declared_arms": ["a"]}) == ""
+    assert _absent_text({"paper": "x", "arms": {}}) == ""  # pages written before the key existed

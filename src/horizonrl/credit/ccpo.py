@@ -33,6 +33,9 @@ For each unique step ``(i, t)`` of task ``x`` with observation ``o_{i,t}``:
   standardized over all restored task rows (``episode_adv_norm="zscore"``; ``"center"``: only
   ``e - mean_x e``, in reward units, the authors' WebShop protocol), added with ``episode_weight``.
 
+Diagnostics (not used by the advantages): :func:`peer_diagnostics` reports how many other
+trajectories back each step's exact-peer readout and how far the readout moves from ``b_task``.
+
 Identical step rows (same task, trajectory and step) are merged before features,
 readouts and the future-credit standardization and restored at the end (App. C).
 All work runs on the unique steps in a canonical order, so the output does not
@@ -92,13 +95,17 @@ class ContextualCredit:
 @dataclass(frozen=True, eq=False)
 class PeerReadout:
     """Output of :func:`peer_readout`: ``values`` [N, K] (0 where unsupported), per-row flags, bandwidths,
-    peer-set sizes ``|P|``."""
+    peer-set sizes ``|P|``, ``trajectories`` ``J`` (distinct other trajectories at the row's exact
+    observation; 0 for fallback and unsupported rows) and ``task_baseline`` [N, K] ``b_task`` (the
+    unweighted mean of each target over the task's other trajectories' steps; 0 where there are none)."""
 
     values: np.ndarray
     supported: np.ndarray
     fallback: np.ndarray
     bandwidth: np.ndarray
     peers: np.ndarray | None = None
+    trajectories: np.ndarray | None = None
+    task_baseline: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------- readout
@@ -162,6 +169,8 @@ def peer_readout(
     fallback = np.zeros(n, dtype=bool)
     bandwidth = np.full(n, np.nan)
     n_peers = np.zeros(n, dtype=np.int64)
+    n_trajs = np.zeros(n, dtype=np.int64)
+    task_base = np.zeros((n, targets.shape[1]))
     order = np.argsort(task_codes, kind="stable")
     bounds = np.flatnonzero(np.diff(task_codes[order])) + 1
     for idx in np.split(order, bounds) if n else []:
@@ -193,24 +202,31 @@ def peer_readout(
         mass = w @ onehot  # M_j per query
         denom = np.maximum(mass, WEIGHT_FLOOR)
         total = np.maximum(mass.sum(axis=1), WEIGHT_FLOOR)
-        if kappa > 0:
-            # J: distinct other trajectories at the query's exact observation; fallback rows keep lam = 1.
-            n_traj = ((same_obs & other).astype(np.float64) @ onehot > 0).sum(axis=1)
-            lam = np.where(has_exact, n_traj / (n_traj + kappa), 1.0)
-            n_other = np.maximum(other.sum(axis=1), 1)
+        # J: distinct other trajectories at the query's exact observation; fallback rows keep lam = 1.
+        n_traj = ((same_obs & other).astype(np.float64) @ onehot > 0).sum(axis=1)
+        lam = np.where(has_exact, n_traj / np.maximum(n_traj + kappa, WEIGHT_FLOOR), 1.0)
+        n_other = np.maximum(other.sum(axis=1), 1)
         for k in range(targets.shape[1]):
             traj_mean = (w @ (onehot * targets[idx, k][:, None])) / denom  # mu_j
             readout = (mass * traj_mean).sum(axis=1) / total
+            base = (other @ targets[idx, k]) / n_other  # b_task: other trajectories' steps
             if kappa > 0:
-                task_base = (other @ targets[idx, k]) / n_other  # b_task: other trajectories' steps
-                readout = lam * readout + (1.0 - lam) * task_base
+                readout = lam * readout + (1.0 - lam) * base
             values[idx, k] = np.where(sup, readout, 0.0)
+            task_base[idx, k] = np.where(other.any(axis=1), base, 0.0)
         supported[idx] = sup
         fallback[idx] = sup & ~has_exact
         bandwidth[idx] = np.where(sup, tau, np.nan)
         n_peers[idx] = peers.sum(axis=1)
+        n_trajs[idx] = n_traj
     return PeerReadout(
-        values=values, supported=supported, fallback=fallback, bandwidth=bandwidth, peers=n_peers
+        values=values,
+        supported=supported,
+        fallback=fallback,
+        bandwidth=bandwidth,
+        peers=n_peers,
+        trajectories=n_trajs,
+        task_baseline=task_base,
     )
 
 
@@ -359,8 +375,7 @@ def _credit(
     task, traj = trajectory_codes(u)
     t, big_t, r = u.steps, u.lengths, u.rewards
     penalty = eta * u.invalid
-    y = gamma ** (big_t - 1 - t) * r - penalty
-    z = gamma ** (big_t - t) * r
+    y, z = _targets(u, gamma, eta)
     ro = peer_readout(phi, task, traj, factorize(u.observations), np.stack([y, z], axis=1),
                       kernel_scale=kernel_scale, kernel=kernel, exclude_self=exclude_self,
                       kappa=kappa)  # fmt: skip
@@ -401,6 +416,62 @@ def _credit(
         episode=episode[inverse],
         peers=ro.peers[inverse],
     )
+
+
+def _targets(u: StepBatch, gamma: float, eta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(Y, Z)``: ``Y = gamma^(T-1-t) R - eta 1[invalid]``, ``Z = gamma^(T-t) R`` (module docstring)."""
+    t, big_t, r = u.steps, u.lengths, u.rewards
+    return gamma ** (big_t - 1 - t) * r - eta * u.invalid, gamma ** (big_t - t) * r
+
+
+def peer_diagnostics(
+    steps: StepBatch,
+    hidden: np.ndarray,
+    *,
+    gamma: float = 0.95,
+    eta: float = 0.1,
+    kernel_scale: float = 0.15,
+    kernel: str = "exp",
+    summary_weight: float = 1.0,
+    exclude_self: bool = True,
+    kappa: float = 2.0,
+) -> dict[str, float]:
+    """How thin the historical readout's support is and how far it moves from the task baseline.
+
+    Over the unique steps with exact-observation peers (``J >= 1`` distinct other trajectories,
+    :class:`PeerReadout`): ``gap = B[Y] - b_task[Y]``, the paper's readout (no shrinkage) minus the
+    unweighted mean of ``Y`` over the task's other trajectories. Shrinkage with ``kappa`` would keep
+    ``J / (J + kappa)`` of it. Returns ``peer_trajs_mean`` (mean ``J``), ``thin_peer_rate`` (share of
+    all unique steps with ``J`` in {1, 2}), ``baseline_gap_rms`` and ``baseline_gap_rms_thin`` (root
+    mean square of ``gap`` over those steps and over the thin ones; 0 when there are none) and
+    ``baseline_gap_rms_kappa`` (of the shrunk gap). Diagnostics of issue 27's seed-instability question;
+    the advantages do not use them.
+    """
+    if not kappa >= 0.0:
+        raise ValueError(f"kappa must be >= 0, got {kappa}")
+    if len(steps) == 0:
+        return {}
+    first, inverse, counts = unique_steps(steps)
+    u = steps.take(first)
+    phi = context_features(u, merge_duplicates(hidden, first, inverse, counts), summary_weight=summary_weight)
+    task, traj = trajectory_codes(u)
+    y, _ = _targets(u, gamma, eta)
+    ro = peer_readout(phi, task, traj, factorize(u.observations), y, kernel_scale=kernel_scale,
+                      kernel=kernel, exclude_self=exclude_self)  # fmt: skip
+    j = ro.trajectories
+    gap = ro.values[:, 0] - ro.task_baseline[:, 0]
+    exact, thin = j >= 1, (j >= 1) & (j <= 2)
+
+    def rms(x: np.ndarray) -> float:
+        return float(np.sqrt(np.mean(x**2))) if len(x) else 0.0
+
+    return {
+        "peer_trajs_mean": float(j[exact].mean()) if exact.any() else 0.0,
+        "thin_peer_rate": float(thin.mean()),
+        "baseline_gap_rms": rms(gap[exact]),
+        "baseline_gap_rms_thin": rms(gap[thin]),
+        "baseline_gap_rms_kappa": rms(gap[exact] * j[exact] / (j[exact] + kappa)),
+    }
 
 
 def _constant(values: np.ndarray, groups: np.ndarray, mask: np.ndarray) -> np.ndarray:

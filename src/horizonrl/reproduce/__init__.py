@@ -100,6 +100,7 @@ def reproduce(
             Path(results_dir),
             command=command or f"horizonrl reproduce {paper.name}",
             diag_keys=list(paper.diagnostics),
+            seed_keys=list(paper.per_seed),
         )
         log(f"[report] {page}")
     if refused:

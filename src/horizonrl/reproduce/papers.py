@@ -162,7 +162,10 @@ CCPO_REGIME = (
     "rollout.max_turns=14",
     "rollout.max_new_tokens=32",
     "rollout.group_size=8",  # paper: 8 rollouts per task
-    "rollout.tasks_per_step=4",
+    # One task's group per update (issue 27): with 4 tasks an arm-seed made 13 updates in 150,000 tokens.
+    # Peers, anchors and groups are per task, so the estimators see the same groups; only the batch
+    # an update averages over is smaller (8 rollouts, ~80 step rows).
+    "rollout.tasks_per_step=1",
     # Expert noise 0.4: at 0.3 the scripted expert succeeds so often that only 0.458 of its groups
     # have mixed outcomes (the check wants >= 0.5); at 0.4, 0.917 (expert success 0.75). Trained on
     # the actions taken, the warm start imitated the noise too and stayed below the gate (1000 demos x
@@ -240,7 +243,7 @@ def ccpo() -> Paper:
             Comparison("ccpo", "ccpo_state", "text peers vs perfect (state) anchors"),
             Comparison("ccpo_kappa", "ccpo", "kappa = 2 shrinkage vs the paper's readout"),
         ),
-        budget_tokens=150_000,
+        budget_tokens=120_000,  # 47-51 updates of 8 rollouts per arm-seed (measured, round 3)
         eval_temperature=0.4,  # the paper's validation temperature
         checks=_ccpo_checks,
         diagnostics=(
@@ -248,6 +251,16 @@ def ccpo() -> Paper:
             "rollout/revisit_rate_text",
             "ccpo/exact_peer_rate",
             "ccpo/aliased_rate",
+            "rollout/invalid_turn_rate",
+        ),
+        # Issue 27's seed-instability question: how many other trajectories back a step's baseline, and
+        # how far the paper's readout moves from the task baseline (what kappa = 2 would keep of it).
+        per_seed=(
+            "ccpo/peer_trajs_mean",
+            "ccpo/thin_peer_rate",
+            "ccpo/baseline_gap_rms",
+            "ccpo/baseline_gap_rms_thin",
+            "ccpo/baseline_gap_rms_kappa",
             "rollout/invalid_turn_rate",
         ),
         notes=(
@@ -259,7 +272,13 @@ def ccpo() -> Paper:
             "on the observation text the policy saw. Model: "
             "the embedded tiny model (hidden 128 x 4 layers). Every arm uses the same loss (dual-clip PPO "
             "c = 3, low_var_kl 0.01 to the frozen warm start, token-mean; paper C.4 and verl's defaults) "
-            "and differs only in the estimator."
+            "and differs only in the estimator. Each update trains one task's group of 8 rollouts (issue "
+            "27: with 4 tasks an arm-seed made 13 updates in 150,000 tokens). The per-seed table's peer "
+            "diagnostics are computed in every CCPO-family run on its own batches: `peer_trajs_mean` is "
+            "the mean number J of other trajectories behind a step's exact-observation baseline, "
+            "`thin_peer_rate` the share of steps with J = 1-2, `baseline_gap_rms` the root mean square "
+            "of the paper readout minus the task baseline (thin steps: `_thin`), and "
+            "`baseline_gap_rms_kappa` what kappa = 2 shrinkage keeps of it on the same batches."
         ),
     )
 
@@ -443,7 +462,7 @@ def echo() -> Paper:
         title="ECHO: selective turn memory with traceable credit vs SUPO and GRPO with truncation",
         claim=(
             "Turn memory with learned selection and provenance-routed positive credit beats rolling-summary "
-            "SUPO, which beats GRPO with truncation, with less trajectory volume than SUPO (Table 2, "
+            "SUPO, which beats GRPO with truncation, with less trajectory volume than SUPO (Sec. 5.2, "
             "Fig. 1-2); removing traceable credit (dense, signed credit) loses part of the gain (Fig. 4)."
         ),
         base="echo_lookup",

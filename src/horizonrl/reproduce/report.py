@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,7 @@ def header(paper: Paper, settings, metas: dict[str, Any]) -> dict[str, Any]:
         "title": paper.title,
         "claim": paper.claim,
         "notes": paper.notes,
+        "declared_arms": [a.name for a in paper.arms],
         "setup": {
             "base_config": paper.base,
             "overrides": [*paper.overrides, *settings.overrides],
@@ -264,7 +266,14 @@ def comparison_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_page(res: dict[str, Any], results_dir: Path, *, command: str, diag_keys: list[str]) -> Path:
+def write_page(
+    res: dict[str, Any],
+    results_dir: Path,
+    *,
+    command: str,
+    diag_keys: list[str],
+    seed_keys: Sequence[str] = (),
+) -> Path:
     """``NAME.md``, ``NAME.json``, ``NAME_curves.png`` and ``NAME_diffs.png`` under ``results_dir``."""
     results_dir.mkdir(parents=True, exist_ok=True)
     name = res["paper"]
@@ -305,7 +314,7 @@ seed {st["eval_seed"]}; start = the warm start, mid = first evaluation after hal
 run(s) in parallel, one torch thread each.
 
 {res.get("notes") or ""}
-{_carried_text(res)}
+{_carried_text(res)}{_absent_text(res)}
 ## Regime
 
 Warm-start pass@1 on the training distribution (one warm start per scenario, shared by its arms):
@@ -318,15 +327,32 @@ Checks of the regime with the scripted expert at the warm start's noise, before 
 
 ## Results
 
-{_refused_text(res) if refused else _results_text(res, diag_keys) + _partial_text(res)}"""
+{_refused_text(res) if refused else _results_text(res, diag_keys, seed_keys) + _partial_text(res)}"""
     path = results_dir / f"{name}.md"
     path.write_text(page)
     return path
 
 
-def _results_text(res: dict[str, Any], diag_keys: list[str]) -> str:
+def seed_table(res: dict[str, Any], keys: list[str]) -> str:
+    """One row per arm-seed: end pass@1, updates and ``keys`` (each run's mean over its steps)."""
+    head = ["arm", "seed", "end pass@1", "updates", *keys]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, a in res["arms"].items():
+        for x in a["seeds"]:
+            diag = x["diagnostics"]
+            row = [f"`{name}`", str(x["seed"]), _fmt(x["pass@1"]), str(x["updates"])]
+            lines.append("| " + " | ".join([*row, *(_fmt(diag.get(k)) for k in keys)]) + " |")
+    return "\n".join(lines)
+
+
+def _results_text(res: dict[str, Any], diag_keys: list[str], seed_keys: Sequence[str] = ()) -> str:
     name = res["paper"]
-    return f"""{arm_table(res, diag_keys)}
+    per_seed = ""
+    if seed_keys:
+        per_seed = "\n\nPer arm-seed (each value is the run's mean over its updates):\n\n" + seed_table(
+            res, list(seed_keys)
+        )
+    return f"""{arm_table(res, diag_keys)}{per_seed}
 
 Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
 
@@ -380,6 +406,20 @@ def _carried_text(res: dict[str, Any]) -> str:
             "compare them with this run's only on the same machine."
         )
     return "\n\n".join(lines) + "\n"
+
+
+def _absent_text(res: dict[str, Any]) -> str:
+    """The declared arms this page has no runs of (neither run nor carried; not in a refused scenario)."""
+    refused = {a for r in (res.get("refused_scenarios") or {}).values() for a in r["arms"]}
+    absent = [a for a in res.get("declared_arms") or [] if a not in res["arms"] and a not in refused]
+    if not absent:
+        return ""
+    names = ", ".join(f"`{a}`" for a in absent)
+    return (
+        f"\n**Not on this page:** {names}, declared but neither run nor carried over at this setup "
+        f"(`horizonrl reproduce {res['paper']} --arms {','.join(absent)}` adds them); the comparisons "
+        "that need them are left out.\n"
+    )
 
 
 def _partial_text(res: dict[str, Any]) -> str:

@@ -232,7 +232,7 @@ class Job:
                 "base": str(_packaged(paper.base)),
                 "overrides": [*base_overrides(paper, settings, self.scenario), *self.overrides],
                 "out_dir": str(self.out_dir),
-                "diagnostics": list(paper.diagnostics),
+                "diagnostics": list(dict.fromkeys([*paper.diagnostics, *paper.per_seed])),
             }
         )
 

@@ -72,6 +72,9 @@ class Paper:
     gate_samples: int = 2
     max_steps: int = 10_000  # a cap; the token budget ends the runs
     diagnostics: tuple[str, ...] = ()  # metric keys averaged over each run's steps
+    #: metric keys (averaged over each run's steps, like ``diagnostics``) shown in a table of their own,
+    #: one row per arm-seed beside its end pass@1: what sets a collapsed seed apart
+    per_seed: tuple[str, ...] = ()
     #: Checks of the regime before any RL (e.g. with the scripted expert): ``fn(cfg) -> rows``,
     #: each row ``{"name", "value", "target", "ok", "gate"}``; a failed row refuses to start like the gate
     #: unless its ``gate`` is false (a claim reported, not a precondition).

@@ -27,7 +27,11 @@ prompts found in the cache), ``ccpo/unique_prompt_rate`` (unique prompts / rows)
 ``ccpo/forward_prompts``, ``ccpo/supported_rate`` (rows with any peer: another
 trajectory of the same task has steps, or any row without self-exclusion) and
 ``ccpo/exact_peer_rate`` (rows with an exact-observation peer in another
-trajectory; the rest of the supported rows use the task fallback).
+trajectory; the rest of the supported rows use the task fallback), and the peer diagnostics of
+:func:`horizonrl.credit.ccpo.peer_diagnostics` (``ccpo/peer_trajs_mean``, ``ccpo/thin_peer_rate``,
+``ccpo/baseline_gap_rms``, ``ccpo/baseline_gap_rms_thin``, ``ccpo/baseline_gap_rms_kappa`` at
+kappa = 2, whatever the run's kappa): how many other trajectories back a step's historical
+baseline and how far that baseline moves from the task's.
 """
 
 from __future__ import annotations
@@ -40,12 +44,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from horizonrl.credit.ccpo import peer_diagnostics
 from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
 from horizonrl.models.lora import FrozenBase, is_lora
 from horizonrl.train.trainers.features import Feature, FeatureContext, register_feature
 from horizonrl.train.update.batching import micro_batches
 from horizonrl.trajectory import Group
 
+#: estimator parameters the peer diagnostics share with the readout (``credit.ccpo.peer_diagnostics``)
+DIAGNOSTIC_PARAMS = ("gamma", "eta", "kernel_scale", "kernel", "summary_weight", "exclude_self")
+#: the released recipe's shrinkage, applied to the paper readout's gap for ccpo/baseline_gap_rms_kappa
+PROBE_KAPPA = 2.0
 CACHE_ENTRIES = 16_384  # 6,400 steps per batch at the paper's scale (16 x 8 x 50); ~100 MB at D = 1,536
 DEFAULT_TOKEN_BUDGET = 8192
 
@@ -260,4 +269,9 @@ def hidden(ctx: FeatureContext, groups: Sequence[Group], params: dict[str, Any])
     stats.update(
         {"ccpo/supported_rate": sup, "ccpo/exact_peer_rate": exact, "ccpo/aliased_rate": aliased_rate(groups)}
     )
+    shared = {k: params[k] for k in DIAGNOSTIC_PARAMS if k in params}
+    diag = peer_diagnostics(
+        step_batch_from_groups(groups, observation=mode), out, **shared, kappa=PROBE_KAPPA
+    )
+    stats.update({f"ccpo/{k}": v for k, v in diag.items()})
     return Feature(out, stats)
