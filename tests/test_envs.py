@@ -14,6 +14,7 @@ from horizonrl.envs import (
     LookupEnv,
     RoomsEnv,
     StepResult,
+    format_answer,
     format_tool_call,
     get_env,
     list_envs,
@@ -320,3 +321,35 @@ def test_arithmetic_expert_steps_and_calculator_tool():
     assert res.invalid and res.role == "tool" and res.observation.startswith("Error: ")
     res = env.step(format_tool_call("calculator", {"expression": "(2 + 3) * 4"}))
     assert res.observation == "20" and not res.invalid and res.obs_key.endswith("results=20")
+
+
+def test_lookup_fork_direct_makes_searching_a_hop_the_noise_free_experts_own_choice():
+    def noise_free(env, rng_seed, forks):
+        return env.delegation_expert(random.Random(rng_seed), 0.0, forks)
+
+    # fork_direct = 1: every hop is searched by the main agent, then it answers (no subagent at all).
+    env = LookupEnv(hops=2, n_entities=4, fork_direct=1.0)
+    env.reset(env.tasks(1, seed=3)[0])
+    chain = env.state["chain"]
+    for k in range(2):
+        action = noise_free(env, 0, 0)
+        assert action == format_tool_call("search", {"query": chain[k]})
+        env.step(action)
+    assert noise_free(env, 0, 0) == format_answer(chain[2])
+    # fork_direct = 0 (the default): the original expert delegates the first hop.
+    env0 = LookupEnv(hops=2, n_entities=4)
+    env0.reset(env0.tasks(1, seed=3)[0])
+    want = format_tool_call("fork", {"subagents": [{"task": LookupEnv.subtask(0, chain[0])}]})
+    assert noise_free(env0, 0, 0) == want
+    # fork_direct = 0.5: about half the first hops are searched; the choice does not depend on the rng
+    # that asks (a clean label, drawn with another rng, agrees with the action taken).
+    half = LookupEnv(hops=2, n_entities=4, fork_direct=0.5)
+    direct = 0
+    for task in half.tasks(400, seed=0):
+        half.reset(task)
+        a, b = noise_free(half, 1, 0), noise_free(half, 2, 0)
+        assert a == b
+        direct += '"name": "search"' in a
+    assert 160 <= direct <= 240  # Binomial(400, 0.5): mean 200, sd 10
+    with pytest.raises(ValueError, match="fork_direct"):
+        LookupEnv(fork_direct=1.5)

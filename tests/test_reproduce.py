@@ -136,9 +136,10 @@ def test_gate_refuses_with_the_measured_value_and_the_knob(tmp_path):
     assert not (tmp_path / "mini_curves.png").exists()
 
 
-def _two_scenarios(checks) -> Paper:
+def _two_scenarios(checks, warm_checks=None) -> Paper:
     """Arm ``a`` in scenario ``short`` (1 turn), arm ``b`` (RLOO) in ``long`` (2 turns), one seed."""
     return _paper(
+        warm_checks=warm_checks,
         arms=(Arm("a", scenario="short"), Arm("b", ("algo.estimator=rloo",), scenario="long")),
         comparisons=(Comparison("b", "a", "b > a"),),
         scenarios={"short": ("rollout.max_turns=1",), "long": ("rollout.max_turns=2",)},
@@ -156,13 +157,26 @@ def test_scenarios_get_their_own_warm_start_gate_and_checks(tmp_path):
         calls.append(cfg.rollout.max_turns)
         return [{"name": "turns", "value": cfg.rollout.max_turns, "target": "report", "ok": True}]
 
-    paper = _two_scenarios(checks)
+    warm = []
+
+    def warm_checks(cfg, model_dir):  # the warm start's own rollouts: called with its model directory
+        warm.append((cfg.rollout.max_turns, Path(model_dir)))
+        assert (Path(model_dir) / "config.json").exists()
+        return [{"name": "warm start: turns", "value": cfg.rollout.max_turns, "target": "report", "ok": True}]
+
+    paper = _two_scenarios(checks, warm_checks)
     res = reproduce(paper, Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None), results_dir=None)
     root = tmp_path / "runs" / "mini"
     assert (root / "warmstart_short" / "sft" / "config.json").exists()
     assert (root / "warmstart_long" / "sft" / "config.json").exists()
     assert sorted(calls) == [1, 2] and set(res["warm_starts"]) == {"short", "long"}
-    assert {c["scenario"] for c in res["checks"]} == {"short", "long"}
+    assert sorted(warm) == [(1, root / "warmstart_short" / "sft"), (2, root / "warmstart_long" / "sft")]
+    assert sorted((c["scenario"], c["name"]) for c in res["checks"]) == [
+        ("long", "turns"),
+        ("long", "warm start: turns"),
+        ("short", "turns"),
+        ("short", "warm start: turns"),
+    ]
     # Each arm trained from its own scenario's warm start, with its scenario's overrides.
     for arm, turns in (("a", 1), ("b", 2)):
         cfg = json.loads((root / arm / "seed_0" / "result.json").read_text())["config"]

@@ -109,7 +109,9 @@ class LookupEnv(ToolEnv):
     False) adds a hint that spells out the hops; ``tool_noise`` (default 0) the
     probability of a distractor search result; ``names`` (``syllable`` default, or
     ``pool``) where entity names come from; ``noise_kinds`` the weights of the expert's
-    mistakes (see :meth:`expert_action`).
+    mistakes (see :meth:`expert_action`); ``fork_noise_kinds`` and ``fork_direct`` the
+    delegating expert's mistakes and its share of hops searched directly (see
+    :meth:`delegation_expert`).
     """
 
     KNOBS: ClassVar[dict[str, Any]] = {
@@ -121,6 +123,7 @@ class LookupEnv(ToolEnv):
         "names": "syllable",
         "noise_kinds": {"guess": 1.0, "distractor": 1.0},
         "fork_noise_kinds": {"direct": 1.0},
+        "fork_direct": 0.0,
     }
     qa_style: ClassVar[bool] = True
     task_fields: ClassVar[tuple[str, ...]] = ("facts",)
@@ -164,9 +167,10 @@ class LookupEnv(ToolEnv):
             raise ValueError(
                 f"{cls.name}: names=pool has {len(ENTITY_NAMES)} names, fewer than n_entities x (hops + 1)"
             )
-        p = knobs["tool_noise"]
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"{cls.name}: knob 'tool_noise' must be a number in [0, 1], got {p!r}")
+        for knob in ("tool_noise", "fork_direct"):
+            p = knobs[knob]
+            if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"{cls.name}: knob {knob!r} must be a number in [0, 1], got {p!r}")
 
     @classmethod
     def _generate(cls, rng: random.Random, knobs: dict[str, Any]) -> dict[str, Any]:
@@ -325,13 +329,19 @@ class LookupEnv(ToolEnv):
         right subtask twice; ``irrelevant`` forks it with a subtask about another entity
         of the same layer; ``guess`` answers a wrong entity. So the number of subagents
         (sessions) is the policy's choice, and extra children cost context.
+
+        Knob ``fork_direct`` (default 0) makes searching a hop itself part of the expert's
+        own strategy rather than a mistake: the noise-free expert resolves hop ``k`` with a
+        direct search instead of a fork with probability ``fork_direct``, drawn per task and hop
+        (:meth:`_searches_itself`), so a clean label (the noise-free action on the same
+        state) agrees with the action taken and imitation learns both ways to resolve a hop.
         """
         chain = self.state["chain"]
         hops = len(chain) - 1
         if "sentences" in self.state:
             return self.expert_action(rng, noise)
         kinds = self.knobs.get("fork_noise_kinds") or {"direct": 1.0}
-        if set(kinds) == {"direct"}:  # the original expert (its draws are unchanged)
+        if set(kinds) == {"direct"} and not self.knobs.get("fork_direct"):  # the original expert
             if rng.random() < check_noise(noise):
                 return self.expert_action(rng, noise)
             k = forks_done
@@ -354,9 +364,21 @@ class LookupEnv(ToolEnv):
                 rng.shuffle(pair)
                 return format_tool_call("fork", {"subagents": pair})
         if k < hops:
+            if self._searches_itself(chain, k):
+                return format_tool_call("search", {"query": chain[k]})
             task = self.subtask(k, chain[k])
             return format_tool_call("fork", {"subagents": [{"task": task}]})
         return format_answer(chain[hops])
+
+    def _searches_itself(self, chain: list[str], k: int) -> bool:
+        """Whether the noise-free delegating expert searches hop ``k`` itself (knob ``fork_direct``).
+
+        A fixed draw per task and hop, the same whichever rng or noise asks; it hashes the whole
+        chain (answer included), so no prefix of the episode predicts it and imitation learns the
+        mixture, not a rule.
+        """
+        p = float(self.knobs.get("fork_direct") or 0.0)
+        return p > 0 and random.Random("fork_direct|" + "|".join(chain) + f"|{k}").random() < p
 
     def subagent_expert(self, task_text: str, rng: random.Random, noise: float) -> str:
         """Expert subagent for a :meth:`subtask`: search the entity, then answer its link."""

@@ -292,6 +292,12 @@ def _mosaic_checks(cfg):
     return mosaic_checks(cfg)
 
 
+def _mosaic_warm_checks(cfg, model_dir):
+    from horizonrl.reproduce.checks import mosaic_warm_checks
+
+    return mosaic_warm_checks(cfg, model_dir)
+
+
 MOSAIC_SHAPING = "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, lambda_r: 0.1}"
 
 
@@ -312,7 +318,7 @@ def mosaic() -> Paper:
         overrides=(
             "env.train_tasks=4000",
             "rollout.group_size=8",
-            "rollout.tasks_per_step=4",
+            "rollout.tasks_per_step=1",  # round 3: one task's group per update (>= 40 updates per arm-seed)
             "optim.lr=1.0e-4",
             "sft.demos=2000",
             "sft.epochs=3",
@@ -332,11 +338,13 @@ def mosaic() -> Paper:
                 "prompts: short}",
                 "sft.noise=0.3",
             ),
-            # Two-hop tasks; the expert delegates each hop to a subagent, and errs by searching directly,
-            # forking a redundant or an irrelevant second child, or guessing: the number of subagents
-            # (sessions) is a real choice.
+            # Two-hop tasks; the expert resolves each hop by delegating it to a subagent or, for half the
+            # hops (a fixed draw per task and hop, `fork_direct`), by searching itself, and errs by
+            # searching directly, forking a redundant or an irrelevant second child, or guessing. Round 3:
+            # with every hop delegated (no `fork_direct`) the warm start imitated the noise-free expert
+            # and forked exactly two subagents in every rollout; now the count (0-2) is the policy's own.
             "fork": (
-                f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, "
+                f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, fork_direct: 0.5, "
                 "fork_noise_kinds: {direct: 2, redundant: 1, irrelevant: 1, guess: 0.5}}",
                 "rollout.context=append",
                 "rollout.context_params={}",
@@ -412,9 +420,9 @@ def mosaic() -> Paper:
             Comparison("fork_mosaic", "fork_mosaic_noshaping", "IG shaping adds (forking)"),
             Comparison("fork_mosaic", "fork_igpo", "Mosaic > IGPO (forking)"),
         ),
-        budget_tokens=200_000,
+        budget_tokens=80_000,  # ~57 updates of 8 rollouts (~175 generated tokens each) per arm-seed
         eval_tasks=256,
-        seeds=3,  # eight arms in two scenarios: 3 seeds (the minimum) keep each arm near 20 minutes
+        seeds=5,
         diagnostics=(
             "rollout/sessions_mean",
             "rollout/sessions_compaction_mean",
@@ -424,6 +432,7 @@ def mosaic() -> Paper:
             "time/step_s",
         ),
         checks=_mosaic_checks,
+        warm_checks=_mosaic_warm_checks,
         notes=(
             "Task: `lookup` over generated fact bases with numeric entity codes (the tiny model fails to "
             "copy syllable names, even as single tokens: warm-start pass@1 0.07). Compaction: mixed "

@@ -321,7 +321,8 @@ Warm-start pass@1 on the training distribution (one warm start per scenario, sha
 
 {warm}
 
-Checks of the regime with the scripted expert at the warm start's noise, before any RL:
+Checks of the regime before any RL, with the scripted expert at the warm start's noise (rows named
+`warm start: ...`: on the warm start's own groups, 16 training tasks x G samples):
 
 {check_table}
 

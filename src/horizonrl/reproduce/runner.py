@@ -169,8 +169,11 @@ def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str
             "samples": paper.gate_samples,
             "seconds": time.perf_counter() - t0,
         }
-    if paper.checks is not None and "checks" not in meta:
-        meta["checks"] = paper.checks(cfg)
+    if "checks" not in meta and (paper.checks is not None or paper.warm_checks is not None):
+        rows = paper.checks(cfg) if paper.checks is not None else []
+        if paper.warm_checks is not None:
+            rows = [*rows, *paper.warm_checks(cfg, root / "sft")]
+        meta["checks"] = rows
     root.mkdir(parents=True, exist_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     return meta

@@ -79,6 +79,10 @@ class Paper:
     #: each row ``{"name", "value", "target", "ok", "gate"}``; a failed row refuses to start like the gate
     #: unless its ``gate`` is false (a claim reported, not a precondition).
     checks: Callable[[Any], list[dict[str, Any]]] | None = None
+    #: Checks of the warm start's own rollouts, ``fn(cfg, model_dir) -> rows`` (rows named
+    #: ``warm start: ...``), recorded and gating like ``checks``: does the policy RL starts from
+    #: exercise the mechanism (e.g. session counts that differ within a group)?
+    warm_checks: Callable[[Any, Any], list[dict[str, Any]]] | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

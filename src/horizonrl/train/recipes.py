@@ -176,12 +176,13 @@ def evaluate_model(
     n_tasks: int | None = None,
     samples: int | None = None,
     temperature: float | None = None,
+    groups_out: list | None = None,
 ) -> dict[str, float]:
     """pass@1 / pass@k of ``model_dir`` on ``n_tasks`` tasks of ``split`` (default: the held-out tasks).
 
     ``split='train'`` measures the training distribution (the warm-start gate of
     :mod:`horizonrl.reproduce`); ``samples`` / ``temperature`` default to the
-    ``train.eval_*`` settings.
+    ``train.eval_*`` settings; ``groups_out`` (a list) receives the rollout groups.
     """
     from horizonrl.inference import make_engine
     from horizonrl.models.chat import renderer_for
@@ -237,6 +238,7 @@ def evaluate_model(
             limits=limits,
             agent=r.agent,
             spec=spec,
+            groups_out=groups_out,
             progress=t.progress,
         )
     finally:

@@ -138,14 +138,16 @@ def evaluate(
     agent: str = "react",
     spec: AgentSpec | None = None,
     per_task: list[int] | None = None,
+    groups_out: list[Group] | None = None,
     progress: bool | None = None,
 ) -> dict[str, float]:
     """Held-out evaluation: ``samples`` rollouts per task, pass@1 and pass@samples.
 
     With ``per_task`` (a list) the number of successes of each task is appended to it,
-    in task order (paired comparisons and task bootstraps need them). ``progress``: show an
-    :class:`EvalProgress` bar on stderr (None: as the enclosing :func:`eval_progress` says; off
-    outside one); the result is the same either way.
+    in task order (paired comparisons and task bootstraps need them); with ``groups_out``
+    the task groups themselves (checks of a policy's own behaviour, e.g. its session counts).
+    ``progress``: show an :class:`EvalProgress` bar on stderr (None: as the enclosing
+    :func:`eval_progress` says; off outside one); the result is the same either way.
     """
     show = eval_progress_on() if progress is None else progress
     bar = EvalProgress(len(tasks), samples) if show else None
@@ -169,6 +171,8 @@ def evaluate(
     correct = [sum(r.success for r in g.rollouts) for g in groups]
     if per_task is not None:
         per_task.extend(correct)
+    if groups_out is not None:
+        groups_out.extend(groups)
     out = {
         "eval/pass@1": float(np.mean([pass_at_k(samples, c, 1) for c in correct])),
         f"eval/pass@{samples}": float(np.mean([pass_at_k(samples, c, samples) for c in correct])),
