@@ -453,3 +453,25 @@ def test_declared_arms_without_runs_are_named_on_the_page():
     assert "`horizonrl reproduce ccpo --arms b,c`" in text and "`d`" not in text
     assert _absent_text({**res, "declared_arms": ["a"]}) == ""
     assert _absent_text({"paper": "x", "arms": {}}) == ""  # pages written before the key existed
+
+
+def test_paired_metric_differences_by_hand():
+    from horizonrl.reproduce.report import metric_table, paired_metric_diffs
+
+    def runs(*values):
+        return {s: {"diagnostics": {"sessions": v}} for s, v in enumerate(values)}
+
+    # Seed 2's arm run did not log the metric: the pair is left out, not counted as 0.
+    m = paired_metric_diffs(runs(2.0, 3.0, None), runs(2.5, 3.1, 1.0), [0, 1, 2], ["sessions", "absent"])
+    assert set(m) == {"sessions"} and m["sessions"]["seeds"] == [0, 1]
+    assert m["sessions"]["diffs"] == pytest.approx([-0.5, -0.1])
+    t = m["sessions"]["t"]  # mean -0.3, sd 0.2828, t(0.975, 1 df) = 12.706: half-width 2.541
+    assert t["mean"] == pytest.approx(-0.3) and t["hi"] - t["mean"] == pytest.approx(12.7062 * 0.2, rel=1e-4)
+    low = paired_metric_diffs(runs(2.0, 2.9, 3.1), runs(3.0, 4.0, 4.0), [0, 1, 2], ["sessions"])
+    # diffs -1.0, -1.1, -0.9: mean -1.0, sd 0.1, t(0.975, 2 df) = 4.303 -> [-1.248, -0.752]
+    assert low["sessions"]["t"]["hi"] == pytest.approx(-1.0 + 4.3027 * 0.1 / math.sqrt(3), rel=1e-4)
+    res = {"comparisons": [{"arm": "a", "baseline": "b", "metrics": low}, {"arm": "c", "baseline": "b"}]}
+    table = metric_table(res)
+    assert "| `a` − `b` | `sessions` | -1.000, -1.100, -0.900 |" in table
+    assert "arm lower (95% CI below 0)" in table and "`c`" not in table
+    assert metric_table({"comparisons": [{"arm": "c", "baseline": "b"}]}) == ""

@@ -433,12 +433,17 @@ def mosaic() -> Paper:
         ),
         checks=_mosaic_checks,
         warm_checks=_mosaic_warm_checks,
+        paired_metrics=("rollout/sessions_mean",),  # = 1 + subagents under forking, compactions + 1 else
         notes=(
             "Task: `lookup` over generated fact bases with numeric entity codes (the tiny model fails to "
             "copy syllable names, even as single tokens: warm-start pass@1 0.07). Compaction: mixed "
             "2-3-hop questions, sessions of 520 tokens (about two searches; an entity code is 3-4 "
             "tokens), at most 2 compactions, summaries sampled at the paper's temperature 0.1 (trained at "
-            "it). Forking: 2-hop questions, up to 3 subagents per fork call, the short prompts (the fork "
+            "it). Forking: 2-hop questions; the noise-free expert searches half the hops itself "
+            "(`fork_direct: 0.5`, a fixed draw per task and hop), so the number of subagents (0-2) is the "
+            "policy's choice (round 3 before it: every rollout forked exactly 2); up to 3 subagents per fork "
+            "call, the short "
+            "prompts (the fork "
             "call shown by example, no schema: a 334-token root prompt; with the paper's ~400-token schema "
             "it was 694, deeper than the tiny model copies, and the warm start scored 0.012). Model: the "
             "embedded tiny model (hidden 128 x 4)."

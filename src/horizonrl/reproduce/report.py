@@ -69,6 +69,24 @@ def collect(paper: Paper, settings, metas: dict[str, Any], jobs, starts: dict[st
     }
 
 
+def paired_metric_diffs(
+    a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]], seeds: list[int], keys: Sequence[str]
+) -> dict[str, Any]:
+    """Per key of ``Paper.paired_metrics``: the per-seed differences of the runs' diagnostic (arm - baseline,
+    seeds where both logged it) and their t-interval over seeds."""
+    out = {}
+    for k in keys:
+        both = [
+            s
+            for s in seeds
+            if a[s]["diagnostics"].get(k) is not None and b[s]["diagnostics"].get(k) is not None
+        ]
+        if both:
+            diffs = [a[s]["diagnostics"][k] - b[s]["diagnostics"][k] for s in both]
+            out[k] = {"seeds": both, "diffs": diffs, "t": vars(t_interval(diffs))}
+    return out
+
+
 def compare(paper: Paper, arms: dict[str, Any]) -> list[dict[str, Any]]:
     """The paper's comparisons among ``arms`` (both arms present, over their common seeds)."""
     comparisons = []
@@ -95,6 +113,7 @@ def compare(paper: Paper, arms: dict[str, Any]) -> list[dict[str, Any]]:
                 "t": vars(t),
                 "bootstrap": vars(boot),
                 "verdict": verdict(t),
+                "metrics": paired_metric_diffs(a, b, common, paper.paired_metrics),
             }
         )
     return comparisons
@@ -173,6 +192,15 @@ def verdict(t: Interval) -> str:
         return "arm better (95% CI above 0)"
     if t.hi < 0:
         return "arm worse (95% CI below 0)"
+    return "no difference resolved (95% CI includes 0)"
+
+
+def _direction(t: Interval) -> str:
+    """The reading of a diagnostic's paired difference: which way, not which is better."""
+    if t.n < 2:
+        return "one seed: no interval"
+    if t.lo > 0 or t.hi < 0:
+        return f"arm {'higher' if t.lo > 0 else 'lower'} (95% CI {'above' if t.lo > 0 else 'below'} 0)"
     return "no difference resolved (95% CI includes 0)"
 
 
@@ -266,6 +294,24 @@ def comparison_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def metric_table(res: dict[str, Any]) -> str:
+    """Paired differences of ``Paper.paired_metrics`` per comparison ('' when there are none)."""
+    rows = [
+        f"| `{c['arm']}` − `{c['baseline']}` | `{k}` | {', '.join(f'{d:+.3f}' for d in m['diffs'])} | "
+        f"{Interval(**m['t']).fmt()} | {_direction(Interval(**m['t']))} |"
+        for c in res["comparisons"]
+        for k, m in (c.get("metrics") or {}).items()
+    ]
+    if not rows:
+        return ""
+    head = (
+        "| comparison | metric | per-seed Δ | mean Δ [95% t-CI over seeds] | reading |\n|---|---|---|---|---|"
+    )
+    return "\n\nPaired differences of run diagnostics (each run's mean over its updates):\n\n" + "\n".join(
+        [head, *rows]
+    )
+
+
 def write_page(
     res: dict[str, Any],
     results_dir: Path,
@@ -357,7 +403,7 @@ def _results_text(res: dict[str, Any], diag_keys: list[str], seed_keys: Sequence
 
 Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
 
-{comparison_table(res)}
+{comparison_table(res)}{metric_table(res)}
 
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)

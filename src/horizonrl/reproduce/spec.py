@@ -75,6 +75,9 @@ class Paper:
     #: metric keys (averaged over each run's steps, like ``diagnostics``) shown in a table of their own,
     #: one row per arm-seed beside its end pass@1: what sets a collapsed seed apart
     per_seed: tuple[str, ...] = ()
+    #: diagnostic keys whose paired difference (arm - baseline, same seed) each comparison also reports
+    #: with a t-interval over seeds: a claim about behaviour, not accuracy (Mosaic: fewer sessions)
+    paired_metrics: tuple[str, ...] = ()
     #: Checks of the regime before any RL (e.g. with the scripted expert): ``fn(cfg) -> rows``,
     #: each row ``{"name", "value", "target", "ok", "gate"}``; a failed row refuses to start like the gate
     #: unless its ``gate`` is false (a claim reported, not a precondition).
