@@ -185,22 +185,15 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def verdict(t: Interval) -> str:
+def verdict(t: Interval, *, above: str = "arm better", below: str = "arm worse") -> str:
+    """The reading of a paired difference's t-interval (``above``/``below``: what a resolved sign means;
+    a diagnostic's difference reads as a direction, ``arm higher``/``arm lower``)."""
     if t.n < 2:
         return "one seed: no interval"
     if t.lo > 0:
-        return "arm better (95% CI above 0)"
+        return f"{above} (95% CI above 0)"
     if t.hi < 0:
-        return "arm worse (95% CI below 0)"
-    return "no difference resolved (95% CI includes 0)"
-
-
-def _direction(t: Interval) -> str:
-    """The reading of a diagnostic's paired difference: which way, not which is better."""
-    if t.n < 2:
-        return "one seed: no interval"
-    if t.lo > 0 or t.hi < 0:
-        return f"arm {'higher' if t.lo > 0 else 'lower'} (95% CI {'above' if t.lo > 0 else 'below'} 0)"
+        return f"{below} (95% CI below 0)"
     return "no difference resolved (95% CI includes 0)"
 
 
@@ -298,7 +291,7 @@ def metric_table(res: dict[str, Any]) -> str:
     """Paired differences of ``Paper.paired_metrics`` per comparison ('' when there are none)."""
     rows = [
         f"| `{c['arm']}` − `{c['baseline']}` | `{k}` | {', '.join(f'{d:+.3f}' for d in m['diffs'])} | "
-        f"{Interval(**m['t']).fmt()} | {_direction(Interval(**m['t']))} |"
+        f"{Interval(**m['t']).fmt()} | {verdict(Interval(**m['t']), above='arm higher', below='arm lower')} |"
         for c in res["comparisons"]
         for k, m in (c.get("metrics") or {}).items()
     ]
