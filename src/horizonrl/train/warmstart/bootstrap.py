@@ -190,16 +190,17 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path):
 
 
 def tiny_base(cfg: ModelConfig, target: str | Path) -> str:
-    """Put the tiny base model of ``cfg`` at ``target``: the shipped copy when ``cfg`` builds exactly it
+    """Put the tiny base model of ``cfg`` at ``target``: a shipped build when ``cfg`` builds exactly it
     (:mod:`horizonrl.models.shipped`), else :func:`build_tiny`. Returns how it got there, which
     ``pretrain.json`` beside it also records (``"source"``)."""
-    from horizonrl.models.shipped import copy_shipped, shipped_mismatch
+    from horizonrl.models.shipped import SHIPPED_DIR, copy_shipped, shipped_dir, shipped_mismatch
 
-    why = shipped_mismatch(cfg)
-    if why is None:
-        copy_shipped(target)
-        source = "shipped"
+    build = shipped_dir(cfg)
+    if build is not None:
+        copy_shipped(target, cfg)
+        source = "shipped" if build == SHIPPED_DIR else f"shipped ({build.name})"
     else:
+        why = shipped_mismatch(cfg)
         build_tiny(cfg, target)
         source = f"built here ({why})"
     report = Path(target) / "pretrain.json"
