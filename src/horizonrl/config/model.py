@@ -52,9 +52,10 @@ class ModelConfig(_Section):
     seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus", ge=0, le=MAX_SEED)
     tiny_pretrain: str = opt(
         "shipped",
-        "tiny model: 'shipped' copies the base model packaged with horizonrl when the tiny_* settings and "
-        "seed above are the ones it was built with (the defaults; same weights on every machine), else "
-        "builds it; 'rebuild' always builds and pretrains it here (minutes on 2 cores)",
+        "tiny model: 'shipped' copies a base model packaged with horizonrl when the tiny_* settings and "
+        "seed above are the ones it was built with (the defaults, or tiny_pretrain_steps=12000: the "
+        "build whose deep recall converged; same weights on every machine), else builds it; 'rebuild' "
+        "always builds and pretrains it here (minutes on 2 cores)",
         choices=("shipped", "rebuild"),
     )
 
