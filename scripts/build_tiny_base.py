@@ -24,7 +24,14 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import ModelConfig, apply_overrides, from_dict
-from horizonrl.models.shipped import SHIPPED_DIR, build_dir_name, build_settings, write_build_record
+from horizonrl.errors import ConfigError
+from horizonrl.models.shipped import (
+    BUILD_FIELDS,
+    SHIPPED_DIR,
+    build_dir_name,
+    build_settings,
+    write_build_record,
+)
 from horizonrl.train.warmstart.bootstrap import build_tiny
 
 
@@ -39,11 +46,17 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="", help="where to write the model directory (default: package data)")
-    args = ap.parse_args()  # fmt: skip
+    args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    for item in args.set:
+        if item.split("=", 1)[0] not in BUILD_FIELDS:
+            ap.error(f"--set {item!r}: a build setting is one of {', '.join(BUILD_FIELDS)}")
     sets = [f"model.{s}" for s in args.set] + ["model.tiny_pretrain=rebuild"]
-    cfg = from_dict(apply_overrides({}, sets)).model
+    try:
+        cfg = from_dict(apply_overrides({}, sets)).model
+    except ConfigError as e:
+        ap.error(str(e))
     name = build_dir_name(build_settings(cfg), build_settings(ModelConfig()))
     out = Path(args.out or SHIPPED_DIR.parent / name)
     with tempfile.TemporaryDirectory() as tmp:
