@@ -102,14 +102,11 @@ def shipped_mismatch(cfg: Any) -> str | None:
     )
 
 
-def copy_shipped(target: str | Path, cfg: Any = None) -> Path:
-    """Copy the shipped build of ``cfg`` (default: the default build) to ``target`` (a run's
-    ``base_model/``); returns it."""
-    source = SHIPPED_DIR if cfg is None else shipped_dir(cfg)
-    if source is None:
-        raise ValueError(f"no shipped tiny base model for these settings: {shipped_mismatch(cfg)}")
+def copy_shipped(target: str | Path, build: Path = SHIPPED_DIR) -> Path:
+    """Copy a shipped build (a directory of :func:`shipped_builds`; default: the default build) to
+    ``target`` (a run's ``base_model/``); returns it."""
     target = Path(target)
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(build, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target

@@ -197,7 +197,7 @@ def tiny_base(cfg: ModelConfig, target: str | Path) -> str:
 
     build = shipped_dir(cfg)
     if build is not None:
-        copy_shipped(target, cfg)
+        copy_shipped(target, build)
         source = "shipped" if build == SHIPPED_DIR else f"shipped ({build.name})"
     else:
         why = shipped_mismatch(cfg)
