@@ -455,6 +455,19 @@ def test_declared_arms_without_runs_are_named_on_the_page():
     assert _absent_text({"paper": "x", "arms": {}}) == ""  # pages written before the key existed
 
 
+def test_page_json_is_partial_while_declared_arms_are_absent():
+    from horizonrl.reproduce.report import _with_status
+
+    res = {"paper": "ccpo", "status": "done", "declared_arms": ["a", "b", "c"], "arms": {"a": {}}}
+    res["refused_scenarios"] = {"long": {"arms": ["c"]}}
+    assert _with_status(res)["status"] == "partial" and _with_status(res)["absent_arms"] == ["b"]
+    assert res["status"] == "done" and "absent_arms" not in res  # the caller's dict is left alone
+    full = {**res, "arms": {"a": {}, "b": {}}}
+    assert _with_status(full) is full  # every declared arm there (c refused): status untouched
+    refused = {**res, "status": "gate_refused", "arms": {}}
+    assert _with_status(refused)["status"] == "gate_refused"
+
+
 def test_paired_metric_differences_by_hand():
     from horizonrl.reproduce.report import metric_table, paired_metric_diffs
 

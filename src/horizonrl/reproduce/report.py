@@ -315,6 +315,7 @@ def write_page(
 ) -> Path:
     """``NAME.md``, ``NAME.json``, ``NAME_curves.png`` and ``NAME_diffs.png`` under ``results_dir``."""
     results_dir.mkdir(parents=True, exist_ok=True)
+    res = _with_status(res)
     name = res["paper"]
     (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     refused = res.get("status") == "gate_refused"
@@ -448,10 +449,23 @@ def _carried_text(res: dict[str, Any]) -> str:
     return "\n\n".join(lines) + "\n"
 
 
-def _absent_text(res: dict[str, Any]) -> str:
+def absent_arms(res: dict[str, Any]) -> list[str]:
     """The declared arms this page has no runs of (neither run nor carried; not in a refused scenario)."""
     refused = {a for r in (res.get("refused_scenarios") or {}).values() for a in r["arms"]}
-    absent = [a for a in res.get("declared_arms") or [] if a not in res["arms"] and a not in refused]
+    return [a for a in res.get("declared_arms") or [] if a not in res["arms"] and a not in refused]
+
+
+def _with_status(res: dict[str, Any]) -> dict[str, Any]:
+    """``status`` ``partial`` and ``absent_arms`` named when a declared arm has no runs on the page."""
+    absent = absent_arms(res)
+    if not absent or res.get("status") == "gate_refused":
+        return res
+    return {**res, "status": "partial", "absent_arms": absent}
+
+
+def _absent_text(res: dict[str, Any]) -> str:
+    """The page's paragraph naming :func:`absent_arms`; empty when every declared arm is there."""
+    absent = absent_arms(res)
     if not absent:
         return ""
     names = ", ".join(f"`{a}`" for a in absent)
