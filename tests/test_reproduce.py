@@ -363,6 +363,8 @@ def test_rerunning_one_scenario_carries_the_others_from_the_earlier_page(tmp_pat
         res = reproduce(changed, only_a, results_dir=tmp_path / "r")
         assert set(res["arms"]) == {"a"} and res["comparisons"] == [] and "carried" not in res
         assert any("'long' not carried" in m for m in logs), logs
+        assert res["status"] == "partial" and res["absent_arms"] == ["b"]
+        assert json.loads((tmp_path / "r" / "mini.json").read_text())["status"] == "partial"
 
 
 @pytest.mark.integration
@@ -377,6 +379,7 @@ def test_rerunning_one_arm_carries_the_others_only_from_the_same_warm_start(tmp_
     res = reproduce(paper, only_rloo, results_dir=tmp_path / "r")
     assert list(res["arms"]) == ["grpo", "rloo"] and res["arms"]["grpo"] == full["arms"]["grpo"]
     assert res["comparisons"] == full["comparisons"] and "carried" not in res
+    assert full["status"] == res["status"] == "done" and "absent_arms" not in res  # carried: complete
     assert res["carried_arms"]["grpo"]["commit"] == full["provenance"][""]["commit"]
     page = (tmp_path / "r" / "mini.md").read_text()
     assert "**Arms `grpo` are carried over**" in page and "same start evaluation" in page
@@ -389,6 +392,7 @@ def test_rerunning_one_arm_carries_the_others_only_from_the_same_warm_start(tmp_
     res = reproduce(paper, only_rloo, results_dir=tmp_path / "old")
     assert list(res["arms"]) == ["rloo"] and res["comparisons"] == [] and "carried_arms" not in res
     assert any("'grpo' not carried" in m and "scores differently" in m for m in logs), logs
+    assert res["status"] == "partial" and res["absent_arms"] == ["grpo"]
     # Changed overrides are not carried either.
     changed = dataclasses.replace(paper, arms=(Arm("grpo", ("algo.kl_coef=0.5",)), paper.arms[1]))
     (tmp_path / "r" / "mini.json").write_text(json.dumps(full))
@@ -456,16 +460,16 @@ def test_declared_arms_without_runs_are_named_on_the_page():
 
 
 def test_page_json_is_partial_while_declared_arms_are_absent():
-    from horizonrl.reproduce.report import _with_status
+    from horizonrl.reproduce.report import with_status
 
     res = {"paper": "ccpo", "status": "done", "declared_arms": ["a", "b", "c"], "arms": {"a": {}}}
     res["refused_scenarios"] = {"long": {"arms": ["c"]}}
-    assert _with_status(res)["status"] == "partial" and _with_status(res)["absent_arms"] == ["b"]
+    assert with_status(res)["status"] == "partial" and with_status(res)["absent_arms"] == ["b"]
     assert res["status"] == "done" and "absent_arms" not in res  # the caller's dict is left alone
     full = {**res, "arms": {"a": {}, "b": {}}}
-    assert _with_status(full) is full  # every declared arm there (c refused): status untouched
+    assert with_status(full) is full  # every declared arm there (c refused): status untouched
     refused = {**res, "status": "gate_refused", "arms": {}}
-    assert _with_status(refused)["status"] == "gate_refused"
+    assert with_status(refused)["status"] == "gate_refused"
 
 
 def test_paired_metric_differences_by_hand():

@@ -38,7 +38,7 @@ def reproduce(
     report_only: bool = False,
 ) -> dict[str, Any]:
     """Warm start, gate, all arm-seeds (resumable), then the results JSON/page; returns the JSON."""
-    from horizonrl.reproduce.report import collect, gate_refusal, write_page
+    from horizonrl.reproduce.report import collect, gate_refusal, with_status, write_page
 
     log = settings.log
     used = {paper.arm(a).scenario for a in settings.arms} if settings.arms else set(paper.scenario_names())
@@ -90,6 +90,7 @@ def reproduce(
         }  # fmt: skip
     if results_dir is not None and settings.arms:
         _carry(paper, settings, res, Path(results_dir) / f"{paper.name}.json")
+    res = with_status(res)  # "partial" while a declared arm is neither run nor carried
     for c in res["comparisons"]:
         t = c["t"]
         ci = f"{t['mean']:+.3f} [{t['lo']:+.3f}, {t['hi']:+.3f}]"

@@ -315,7 +315,6 @@ def write_page(
 ) -> Path:
     """``NAME.md``, ``NAME.json``, ``NAME_curves.png`` and ``NAME_diffs.png`` under ``results_dir``."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    res = _with_status(res)
     name = res["paper"]
     (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     refused = res.get("status") == "gate_refused"
@@ -455,7 +454,7 @@ def absent_arms(res: dict[str, Any]) -> list[str]:
     return [a for a in res.get("declared_arms") or [] if a not in res["arms"] and a not in refused]
 
 
-def _with_status(res: dict[str, Any]) -> dict[str, Any]:
+def with_status(res: dict[str, Any]) -> dict[str, Any]:
     """``status`` ``partial`` and ``absent_arms`` named when a declared arm has no runs on the page."""
     absent = absent_arms(res)
     if not absent or res.get("status") == "gate_refused":
