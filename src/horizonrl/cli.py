@@ -117,7 +117,7 @@ def _reproduce_command(args) -> str:
 def _cmd_reproduce(args) -> int:
     from pathlib import Path
 
-    from horizonrl.reproduce import GateError, Settings, get_paper, list_papers, reproduce
+    from horizonrl.reproduce import GateError, Settings, get_paper, list_papers, render, reproduce
 
     if args.name in (None, "list"):
         for name in list_papers():
@@ -145,6 +145,10 @@ def _cmd_reproduce(args) -> int:
                 paper.arm(a)
             except KeyError as e:
                 raise ConfigError(f"--arms: {e.args[0]}") from None
+    if args.render:
+        results = Path(args.results if args.results not in ("", "none") else "docs/results")
+        print(f"[report] {render(paper, results)}")
+        return 0
     try:
         reproduce(
             paper,
@@ -439,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", action="append", help="section.field=value applied to every stage (repeatable)")
     sp.add_argument("--force", action="store_true", help="run even if the warm-start gate or a check fails")
     sp.add_argument("--report-only", action="store_true", help="rebuild the page from finished runs")
+    sp.add_argument(
+        "--render", action="store_true", help="rewrite the page from its NAME.json alone (no runs needed)"
+    )
     sp.set_defaults(fn=_cmd_reproduce)
 
     sp = sub.add_parser(

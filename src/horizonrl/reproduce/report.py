@@ -17,17 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from horizonrl.reproduce.learning import gain_table, gains, rates
 from horizonrl.reproduce.spec import Paper, check_miss
 from horizonrl.reproduce.stats import Interval, mean_sd, paired_bootstrap, t_interval
 
 
 def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _rates(result: dict[str, Any], index: int = -1) -> np.ndarray:
-    """Per-task success rate of evaluation ``index`` of a run."""
-    return np.asarray(result["per_task"][index], dtype=np.float64) / max(1, result["samples"] or 1)
 
 
 def _warm(meta: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +97,7 @@ def compare(paper: Paper, arms: dict[str, Any]) -> list[dict[str, Any]]:
         diffs = [a[s]["pass@1"] - b[s]["pass@1"] for s in common]
         t = t_interval(diffs)
         boot = paired_bootstrap(
-            np.stack([_rates(a[s]) for s in common]), np.stack([_rates(b[s]) for s in common])
+            np.stack([rates(a[s]) for s in common]), np.stack([rates(b[s]) for s in common])
         )
         comparisons.append(
             {
@@ -316,8 +312,9 @@ def write_page(
     """``NAME.md``, ``NAME.json``, ``NAME_curves.png`` and ``NAME_diffs.png`` under ``results_dir``."""
     results_dir.mkdir(parents=True, exist_ok=True)
     name = res["paper"]
-    (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     refused = res.get("status") == "gate_refused"
+    res = {**res, "command": command} if refused else {**res, "command": command, "gains": gains(res)}
+    (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     if not refused:
         plot_curves(res, results_dir / f"{name}_curves.png")
         plot_diffs(res, results_dir / f"{name}_diffs.png")
@@ -396,7 +393,7 @@ def _results_text(res: dict[str, Any], diag_keys: list[str], seed_keys: Sequence
 
 Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
 
-{comparison_table(res)}{metric_table(res)}
+{comparison_table(res)}{metric_table(res)}{gain_table(res)}
 
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)
