@@ -97,3 +97,10 @@ def test_render_rewrites_a_committed_page_from_its_json(tmp_path):
     shutil.copy(tmp_path / "echo.json", tmp_path / "ccpo.json")
     assert main(["reproduce", "ccpo", "--render", "--results", str(tmp_path)]) == 2
     assert main(["reproduce", "rtpo", "--render", "--results", str(tmp_path)]) == 2
+    assert main(["reproduce", "echo", "--render", "--results", "none"]) == 2
+    # A page written before partial pages said so is marked partial when rendered again.
+    data["arms"].pop("echo_graph")
+    (tmp_path / "echo.json").write_text(json.dumps({**data, "status": "done"}))
+    render(get_paper("echo"), tmp_path)
+    again = json.loads((tmp_path / "echo.json").read_text())
+    assert again["status"] == "partial" and again["absent_arms"] == ["echo_graph"]

@@ -146,8 +146,9 @@ def _cmd_reproduce(args) -> int:
             except KeyError as e:
                 raise ConfigError(f"--arms: {e.args[0]}") from None
     if args.render:
-        results = Path(args.results if args.results not in ("", "none") else "docs/results")
-        print(f"[report] {render(paper, results)}")
+        if args.results in ("", "none"):
+            raise ConfigError("--render rewrites the page in --results: it cannot be 'none'")
+        print(f"[report] {render(paper, Path(args.results))}")
         return 0
     try:
         reproduce(
