@@ -356,8 +356,12 @@ HARNESS = textwrap.dedent(
                  {"role": "user", "content": "Go on."}]
         second = client.chat.completions.create(model="policy", messages=msgs, max_tokens=6)
         history = "\\n".join(m["content"] for m in msgs) + second.choices[0].message.content
+        # The summary call declares itself: how it would be recognized from its text (the next prompt
+        # quoting >= 20 of its characters) depends on what the tiny model samples, and with the episodes
+        # running concurrently that is not the same on every run (test_openai_loop_... covers the text).
         summary = client.chat.completions.create(
             model="policy", max_tokens=30, extra_body={"ignore_eos": True},
+            extra_headers={"X-Session-Kind": "compaction"},
             messages=[{"role": "system", "content": "Summarize."}, {"role": "user", "content": history}],
         ).choices[0].message.content
         fresh = [{"role": "user", "content": task["prompt"] + "\\nNotes: " + summary.strip()}]
