@@ -68,26 +68,35 @@ def _median_updates(res: dict, arm: str) -> str:
     return f"{statistics.median(counts):g}" if counts else "–"
 
 
+def _learned(res: dict, arm: str) -> str:
+    """The page's learning reading of ``arm`` (``rose`` / ``fell`` / ``unresolved``; '–' when absent)."""
+    g = (res.get("gains") or {}).get(arm)
+    if not g:
+        return "–"
+    return {"rose": "rose", "fell": "fell"}.get(g["reading"].split(" ")[0], "unresolved")
+
+
 def results_block() -> str:
     """One row per reported comparison of every reproduction page that exists."""
     lines = [
         "| paper | comparison | claim | Δ end pass@1, mean [95% t-CI over seeds] | seeds "
-        "| updates / arm-seed (median, arm / baseline) | reading |",
-        "|---|---|---|---|---|---|---|",
+        "| updates / arm-seed (median, arm / baseline) | reading | end − start (arm / baseline) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in PAPERS:
         path = ROOT / "docs" / "results" / f"{name}.json"
         if not path.exists():
-            lines.append(f"| {name} | – | – | not run yet | – | – | – |")
+            lines.append(f"| {name} | – | – | not run yet | – | – | – | – |")
             continue
         res = json.loads(path.read_text())
         if res.get("status") == "gate_refused":
             why = _not_run(res["warm_start"], res)
-            lines.append(f"| [{name}](docs/results/{name}.md) | – | – | {why} | – | – | – |")
+            lines.append(f"| [{name}](docs/results/{name}.md) | – | – | {why} | – | – | – | – |")
             continue
         for s, r in (res.get("refused_scenarios") or {}).items():
             lines.append(
-                f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {_not_run(r, res)} | – | – | – |"
+                f"| [{name}](docs/results/{name}.md) | scenario `{s}` | – | {_not_run(r, res)} "
+                "| – | – | – | – |"
             )
         for c in res["comparisons"]:
             t = c["t"]
@@ -95,7 +104,11 @@ def results_block() -> str:
             link = f"[{name}](docs/results/{name}.md)"
             pair = f"`{c['arm']}` − `{c['baseline']}`"
             updates = " / ".join(_median_updates(res, a) for a in (c["arm"], c["baseline"]))
-            lines.append(f"| {link} | {pair} | {c['claim']} | {ci} | {t['n']} | {updates} | {c['verdict']} |")
+            learned = " / ".join(_learned(res, a) for a in (c["arm"], c["baseline"]))
+            lines.append(
+                f"| {link} | {pair} | {c['claim']} | {ci} | {t['n']} | {updates} | {c['verdict']} "
+                f"| {learned} |"
+            )
     return "\n".join(lines) + "\n"
 
 

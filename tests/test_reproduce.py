@@ -213,7 +213,7 @@ def test_a_refused_scenario_is_recorded_while_the_other_scenarios_run(tmp_path):
     row = [r for r in mod.results_block().splitlines() if r.startswith("| [mosaic]")]
     assert row == [
         f"| [mosaic](docs/results/mosaic.md) | scenario `long` | – | not run: warm-start pass@1 "
-        f"{long['pass@1']:.3f} outside the gate [0.0, 1.0] | – | – | – |"
+        f"{long['pass@1']:.3f} outside the gate [0.0, 1.0] | – | – | – | – |"
     ]
 
 
@@ -255,21 +255,22 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
             "rtpo": {"seeds": [{"updates": u} for u in (44, 40, 51, 47)]},  # median (44 + 47) / 2
             "grpo": {"seeds": [{"updates": u} for u in (29, 31, 30)]},
         },
+        "gains": {"rtpo": {"reading": "no change resolved"}, "grpo": {"reading": "fell (both CIs below 0)"}},
     }
     (tmp_path / "docs" / "results" / "rtpo.json").write_text(json.dumps(done))
     monkeypatch.setattr(mod, "ROOT", tmp_path)
     rows = mod.results_block().splitlines()[2:]
     assert (
         rows[0] == "| [rtpo](docs/results/rtpo.md) | `rtpo` − `grpo` | c | +0.050 [-0.010, +0.110] | 5 "
-        "| 45.5 / 30 | inside noise |"
+        "| 45.5 / 30 | inside noise | unresolved / fell |"
     )
     assert rows[1] == (
         "| [ccpo](docs/results/ccpo.md) | – | – | not run: warm-start pass@1 0.105 outside the gate "
-        "[0.25, 0.75] | – | – | – |"
+        "[0.25, 0.75] | – | – | – | – |"
     )
     assert rows[2:] == [
-        "| mosaic | – | – | not run yet | – | – | – |",
-        "| echo | – | – | not run yet | – | – | – |",
+        "| mosaic | – | – | not run yet | – | – | – | – |",
+        "| echo | – | – | not run yet | – | – | – | – |",
     ]
 
 
