@@ -61,12 +61,12 @@ def gains(res: dict[str, Any]) -> dict[str, Any]:
     return {name: g for name, g in out.items() if g is not None}
 
 
-def gain_table(res: dict[str, Any]) -> str:
-    """The page's table of :func:`gains` (``''`` when no arm has a start evaluation)."""
+def gain_table(arm_gains: dict[str, Any]) -> str:
+    """The page's table of :func:`gains`' result (``''`` when no arm has a start evaluation)."""
     rows = [
         f"| `{name}` | {g['start']:.3f} | {Interval(**g['t']).fmt()} | "
         f"[{g['bootstrap']['lo']:+.3f}, {g['bootstrap']['hi']:+.3f}] | {g['reading']} |"
-        for name, g in gains(res).items()
+        for name, g in arm_gains.items()
     ]
     if not rows:
         return ""

@@ -393,7 +393,7 @@ def _results_text(res: dict[str, Any], diag_keys: list[str], seed_keys: Sequence
 
 Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
 
-{comparison_table(res)}{metric_table(res)}{gain_table(res)}
+{comparison_table(res)}{metric_table(res)}{gain_table(res.get("gains") or {})}
 
 ![learning curves]({name}_curves.png)
 ![paired differences]({name}_diffs.png)
