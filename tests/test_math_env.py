@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,26 @@ def test_malformed_actions_give_error_observations(action, role, fragment):
     assert run_expert(env, task, random.Random(0))[-1][1].success
 
 
-def test_hostile_programs_are_tool_errors_and_the_env_keeps_working():
+@pytest.fixture
+def host_dir_outside_tmp():
+    """A fresh writable host directory outside /tmp, wherever the checkout lives.
+
+    Not under /tmp: bwrap gives the program a private /tmp, where a host path there merely does not exist
+    (the write fails as ``error``, refused by nothing). Outside it, the sandbox must refuse the write.
+    """
+    for parent in (Path("/var/tmp"), Path(os.path.expanduser("~")), Path(__file__).resolve().parent):
+        if parent.is_dir() and not parent.resolve().is_relative_to("/tmp") and os.access(parent, os.W_OK):
+            path = Path(tempfile.mkdtemp(prefix="horizonrl-outside-", dir=parent))
+            yield path
+            shutil.rmtree(path)
+            return
+    pytest.skip("no writable directory outside /tmp on this machine")
+
+
+def test_hostile_programs_are_tool_errors_and_the_env_keeps_working(host_dir_outside_tmp):
     env = MathPythonEnv(timeout_s=20.0, cpu_s=1, memory_mb=128, max_output_chars=500, max_steps=20)
     task = env.tasks(1, seed=5)[0]
-    # not under /tmp: bwrap gives the program a private /tmp, where a path there would merely not exist
-    outside = Path(__file__).with_name(f"outside-{os.getpid()}.txt")
+    outside = host_dir_outside_tmp / "outside.txt"
     programs = {
         "while True:\n    pass": "cpu_limit",
         "x = bytearray(1 << 34)": "memory_limit",
@@ -170,7 +186,7 @@ def test_hostile_programs_are_tool_errors_and_the_env_keeps_working():
         assert res.invalid and res.role == "tool" and not res.done, res
         assert res.observation.startswith("Error: ") and len(res.observation) < 2000
         assert res.info["tool_errors"] == 1 and res.info["sandbox_status"] == [status]
-    assert not outside.exists()
+    assert list(host_dir_outside_tmp.iterdir()) == []  # nothing was written outside
     assert env.state["calls"] == len(programs) and env.state["outputs"] == []
     ok = env.step(format_tool_call("python", {"code": "print(6 * 7)"}))
     assert ok.observation == "42" and not ok.invalid and ok.obs_key.endswith("outputs=42")

