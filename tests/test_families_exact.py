@@ -91,3 +91,70 @@ def test_cut_llama3_turn_still_gets_eot():
     renderer = ChatRenderer(family_tokenizer("llama3_1"))
     assert renderer.end_of_turn_ids([1, 2, 3]) == [EOT]
     assert renderer.end_of_turn_ids([1, EOT]) == [] and renderer.end_of_turn_ids([1, EOM]) == []
+
+
+# -- items 3 and 4: Qwen3's structured rendering of thinking, tool calls and reasoning_content -------------
+
+QWEN_CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "Ana"}}\n</tool_call>'
+QWEN_CALLS = [{"type": "function", "function": {"name": "search", "arguments": {"query": "Ana"}}}]
+
+
+def _qwen3_turn(message: dict) -> tuple[list[int], list[int]]:
+    """The renderer's ids of ``message`` after the first prompt, and the template's rendering of the
+    conversation with a tool reply after it (so the turn is not the last and keeps its thinking)."""
+    tok = family_tokenizer("qwen3")
+    renderer = ChatRenderer(tok)
+    ours = renderer.initial_ids(SYSTEM_USER, TOOLS) + renderer.response_ids(message)
+    theirs = _template_ids(tok, [*SYSTEM_USER, message, {"role": "tool", "content": "r"}], gen=False)
+    return ours, theirs
+
+
+def _qwen3_assistant_ids(text: str) -> list[int]:
+    """``<|im_start|>assistant\\n`` + ``text`` + ``<|im_end|>`` (Qwen3's assistant turn) on its real vocabulary."""
+    return _enc(family_tokenizer("qwen3"), "<|im_start|>assistant\n" + text + "<|im_end|>")
+
+
+def test_qwen3_thinking_and_tool_call_without_content_has_one_blank_line():
+    """Qwen3 puts the newline before the first call only when text follows ``</think>``."""
+    msg = {"role": "assistant", "content": "<think>\nlook it up\n</think>\n\n", "tool_calls": QWEN_CALLS}
+    ours, theirs = _qwen3_turn(msg)
+    want = _qwen3_assistant_ids("<think>\nlook it up\n</think>\n\n" + QWEN_CALL)
+    assert ours[-len(want) :] == want
+    assert theirs[: len(ours)] == ours
+
+
+def test_qwen3_thinking_content_and_two_calls():
+    msg = {
+        "role": "assistant",
+        "content": "<think>\nlook\n</think>\n\nChecking.",
+        "tool_calls": QWEN_CALLS * 2,
+    }
+    ours, theirs = _qwen3_turn(msg)
+    want = _qwen3_assistant_ids("<think>\nlook\n</think>\n\nChecking.\n" + QWEN_CALL + "\n" + QWEN_CALL)
+    assert ours[-len(want) :] == want
+    assert theirs[: len(ours)] == ours
+
+
+@pytest.mark.parametrize(
+    ("content", "calls", "visible"),
+    [("", QWEN_CALLS, QWEN_CALL), ("It is Paris.", None, "It is Paris."), ("\n\nSo.", QWEN_CALLS, "So.\n" + QWEN_CALL)],
+)
+def test_qwen3_reasoning_content_is_rendered_as_a_think_block(content, calls, visible):
+    msg = {"role": "assistant", "reasoning_content": "\nfirst, search\n", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    ours, theirs = _qwen3_turn(msg)
+    want = _qwen3_assistant_ids("<think>\nfirst, search\n</think>\n\n" + visible)
+    assert ours[-len(want) :] == want
+    assert theirs[: len(ours)] == ours
+
+
+def test_reasoning_content_is_refused_where_the_family_has_no_thinking():
+    renderer = ChatRenderer(family_tokenizer("qwen2_5"))
+    with pytest.raises(ValueError, match=r"reasoning_content.*'qwen2' has no thinking convention"):
+        renderer.response_ids({"role": "assistant", "reasoning_content": "hmm", "content": "x"})
+    # an empty field is no thinking
+    assert renderer.response_ids({"role": "assistant", "reasoning_content": "", "content": "x"})
+    qwen3 = ChatRenderer(family_tokenizer("qwen3"))
+    with pytest.raises(ValueError, match="both reasoning_content and a </think> block"):
+        qwen3.response_ids({"role": "assistant", "reasoning_content": "a", "content": "<think>b</think>c"})

@@ -211,13 +211,61 @@ class ChatRenderer:
         return [*self._encode(self.assistant_text(message)), self.eos_id]
 
     def assistant_text(self, message: Message) -> str:
-        """An assistant message's text as the family's model writes it: content, then its ``tool_calls``
-        in the family's syntax (OpenAI ``{"function": {...}}`` or flat ``{"name", "arguments"}``)."""
+        """An assistant message's text as the family's model writes it: its thinking (:meth:`thinking`),
+        its visible content, then its ``tool_calls`` in the family's syntax (OpenAI ``{"function": {...}}``
+        or flat ``{"name", "arguments"}``), joined to the *visible* content as the template joins them
+        (Qwen3 puts a newline before the first call only when text follows ``</think>``)."""
         calls = []
         for call in message.get("tool_calls") or ():
             fn = call.get("function", call)
             calls.append(self.tool_format.format_call(str(fn["name"]), fn.get("arguments", {})))
-        return self.tool_format.join(message.get("content") or "", calls)
+        think, content = self.thinking(message)
+        return think + self.tool_format.join(content, calls)
+
+    def thinking(self, message: Message) -> tuple[str, str]:
+        """``(think block, visible content)`` of an assistant message, as the family's template writes it.
+
+        The thinking comes from ``reasoning_content`` (OpenAI-style servers, most SFT traces) or from a
+        think block at the start of ``content``; a family with thinking (Qwen3) writes it as its template
+        does, ``<think>\n`` + thinking stripped of newlines + ``\n</think>\n\n``, and the visible content
+        with its leading newlines removed. An empty ``reasoning_content`` is no thinking (the template
+        renders none for a turn that is followed by another message). A family without thinking refuses
+        a non-empty ``reasoning_content``: its template would drop it, and silently training without it
+        is what it must not do.
+        """
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content")
+        if not isinstance(content, str):
+            raise ValueError(f"assistant message content must be a string, got {type(content).__name__}")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise ValueError(
+                f"assistant message reasoning_content must be a string, got {type(reasoning).__name__}"
+            )
+        tags = self.family.think
+        if tags is None:
+            if reasoning and reasoning.strip():
+                raise ValueError(
+                    f"an assistant message has reasoning_content, but model family {self.family.name!r} has "
+                    "no thinking convention (its template drops the field); put the thinking into content "
+                    "or choose a family with thinking (model.family)"
+                )
+            return "", content
+        open_, close = tags
+        if reasoning is None:
+            if close not in content:
+                return "", content
+            # Qwen3's template: the text before the first </think>, after the last <think> before it.
+            reasoning = content.split(close)[0].rstrip("\n").split(open_)[-1].lstrip("\n")
+            content = content.split(close)[-1].lstrip("\n")
+        elif close in content:
+            raise ValueError(
+                f"an assistant message has both reasoning_content and a {close} block in its content; "
+                "give the thinking once"
+            )
+        elif not reasoning.strip("\n"):
+            return "", content
+        body = reasoning.strip("\n")
+        return f"{open_}\n{body}\n{close}\n\n", content.lstrip("\n")
 
     def canonical_text(self, text: str) -> str:
         """A generation's text with its tool calls in the canonical form the environments parse."""
