@@ -20,7 +20,10 @@ from horizonrl.models.chat import ChatRenderer
 
 SEARCH = Tool("search", "Search the index.", {"type": "object", "properties": {"query": {"type": "string"}}})
 TOOLS = [SEARCH.to_schema()]
-SYSTEM_USER = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "Find it."}]
+SYSTEM_USER = [
+    {"role": "system", "content": "You are a careful agent."},
+    {"role": "user", "content": "Find it."},
+]
 
 # Llama 3.1's special-token ids (its tokenizer_config.json / model card).
 EOM, EOT, START_HEADER = 128008, 128009, 128006
@@ -56,7 +59,7 @@ def _llama_after_eom_turn(renderer, tok) -> list[int]:
 
 
 def test_llama3_turn_that_stopped_on_eom_gets_no_eot_appended():
-    """With ``builtin_tools`` Llama 3.1's template ends a call with ``<|eom_id|>`` alone: the ids are exact."""
+    """With ``builtin_tools`` Llama 3.1's template ends a call with ``<|eom_id|>`` alone: exact ids."""
     tok = family_tokenizer("llama3_1")
     kw = {"builtin_tools": ["brave_search"]}
     renderer = ChatRenderer(tok, template_kwargs=kw)
@@ -66,7 +69,6 @@ def test_llama3_turn_that_stopped_on_eom_gets_no_eot_appended():
         "<|start_header_id|>assistant<|end_header_id|>\n\n" + LLAMA_CALL + "<|eom_id|>"
         # the template writes tool content with tojson (a string is iterable in Jinja): "found" in quotes
         '<|start_header_id|>ipython<|end_header_id|>\n\n"found"<|eot_id|>'
-
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
     assert ids[-len(_enc(tok, tail)) :] == _enc(tok, tail)
@@ -110,7 +112,7 @@ def _qwen3_turn(message: dict) -> tuple[list[int], list[int]]:
 
 
 def _qwen3_assistant_ids(text: str) -> list[int]:
-    """``<|im_start|>assistant\\n`` + ``text`` + ``<|im_end|>`` (Qwen3's assistant turn) on its real vocabulary."""
+    """``<|im_start|>assistant\\n`` + ``text`` + ``<|im_end|>`` (a Qwen3 assistant turn), real vocabulary."""
     return _enc(family_tokenizer("qwen3"), "<|im_start|>assistant\n" + text + "<|im_end|>")
 
 
@@ -137,7 +139,11 @@ def test_qwen3_thinking_content_and_two_calls():
 
 @pytest.mark.parametrize(
     ("content", "calls", "visible"),
-    [("", QWEN_CALLS, QWEN_CALL), ("It is Paris.", None, "It is Paris."), ("\n\nSo.", QWEN_CALLS, "So.\n" + QWEN_CALL)],
+    [
+        ("", QWEN_CALLS, QWEN_CALL),
+        ("It is Paris.", None, "It is Paris."),
+        ("\n\nSo.", QWEN_CALLS, "So.\n" + QWEN_CALL),
+    ],
 )
 def test_qwen3_reasoning_content_is_rendered_as_a_think_block(content, calls, visible):
     msg = {"role": "assistant", "reasoning_content": "\nfirst, search\n", "content": content}
@@ -158,3 +164,54 @@ def test_reasoning_content_is_refused_where_the_family_has_no_thinking():
     qwen3 = ChatRenderer(family_tokenizer("qwen3"))
     with pytest.raises(ValueError, match="both reasoning_content and a </think> block"):
         qwen3.response_ids({"role": "assistant", "reasoning_content": "a", "content": "<think>b</think>c"})
+
+
+# -- item 6: Qwen3 drop, a user message holding <tool_response> is a tool reply ------------------------------
+
+
+def _qwen3_drop_after(reply: dict) -> tuple[list[int], list[int]]:
+    """A thinking tool-call turn, then ``reply``, through the agent loop's :func:`extend_context` with
+    ``thinking_history: drop``; and the template's rendering of the structured conversation."""
+    from horizonrl.agents.context import Episode, extend_context
+    from horizonrl.envs.base import StepResult
+    from horizonrl.inference.base import Generation
+    from horizonrl.trajectory import Rollout, Segment, Turn
+
+    tok = family_tokenizer("qwen3")
+    renderer = ChatRenderer(tok, thinking_history="drop")
+    rollout = Rollout(uid="u", task_id="t", group_id="g", segments=[Segment(kind="normal")])
+    ep = Episode(env=None, task=None, rollout=rollout, renderer=renderer, segment=rollout.segments[0])
+    ep.context = renderer.initial_ids(SYSTEM_USER, TOOLS)
+    msg = {"role": "assistant", "content": "<think>\nlook it up\n</think>\n\n", "tool_calls": QWEN_CALLS}
+    resp = renderer.response_ids(msg)
+    turn = Turn(prompt_ids=list(ep.context), response_ids=resp, logprobs=[0.0] * len(resp))
+    gen = Generation(
+        ids=resp, logprobs=[0.0] * len(resp), text=renderer.assistant_text(msg), finish_reason="stop"
+    )
+    extend_context(ep, turn, gen, StepResult(observation=reply["content"], role=reply["role"]))
+    return ep.context, _template_ids(tok, [*SYSTEM_USER, msg, reply])
+
+
+def test_qwen3_drop_keeps_thinking_before_a_user_message_holding_a_tool_response():
+    ids, fresh = _qwen3_drop_after({"role": "user", "content": "<tool_response>\nfound\n</tool_response>"})
+    tok = family_tokenizer("qwen3")
+    # Qwen3's template: the message is not a query, so the thinking before it stays.
+    want = _enc(
+        tok,
+        "<|im_start|>assistant\n<think>\nlook it up\n</think>\n\n" + QWEN_CALL + "<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nfound\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    )
+    assert ids[-len(want) :] == want
+    assert ids == fresh
+
+
+def test_qwen3_drop_still_drops_thinking_before_a_new_query():
+    ids, fresh = _qwen3_drop_after({"role": "user", "content": "And <tool_response>?"})
+    tok = family_tokenizer("qwen3")
+    want = _enc(
+        tok,
+        "<|im_start|>assistant\n" + QWEN_CALL + "<|im_end|>\n"
+        "<|im_start|>user\nAnd <tool_response>?<|im_end|>\n<|im_start|>assistant\n",
+    )
+    assert ids[-len(want) :] == want
+    assert ids == fresh

@@ -80,6 +80,7 @@ class ChatRenderer:
         #: Compare kept prompts with fresh renderings (``rollout.check_tokens``; agents/context.py).
         self.check_tokens = False
         self._supports_tools: bool | None = None
+        self._user_frame_cache: tuple[tuple[str, str] | None] | None = None
         self._base_text = self._render(list(_BASE), add_generation_prompt=False)
         self.end_of_turn_text = self._find_end_of_turn()
         self.eos_id: int = tokenizer.convert_tokens_to_ids(self.end_of_turn_text)
@@ -290,17 +291,51 @@ class ChatRenderer:
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """``ids`` as the family's template shows them once a new message follows the last of ``regions``.
 
-        Qwen3's rule (:func:`~horizonrl.models.families.drop_thinking`): after a user message every
-        earlier turn loses its think block; after tool messages only, the turn just finished loses an
-        *empty* think block. Without :attr:`drops_history` nothing changes.
+        Qwen3's rule (:func:`~horizonrl.models.families.drop_thinking`): after a user message that is a
+        new query every earlier turn loses its think block; after tool messages only, the turn just
+        finished loses an *empty* think block. ``user_turn`` says a user message followed; whether it is
+        a query is read from the rendered ids after the last region (:meth:`opens_query`), because Qwen3's
+        template takes a user message holding one ``<tool_response>`` block for a tool reply. Without
+        :attr:`drops_history` nothing changes.
         """
         if not self.drops_history or not regions:
             return list(ids), list(regions)
         last = len(regions) - 1
+        user_turn = user_turn and self.opens_query(ids[regions[last][1] :])
         which = [user_turn or (k == last and self._empty_think(ids, regions[k])) for k in range(len(regions))]
         return drop_thinking(
             ids, regions, which=which, think_ids=self.think_ids, newline_ids=self._newline_ids
         )
+
+    def opens_query(self, continuation: Sequence[int]) -> bool:
+        """Whether the rendered environment messages ``continuation`` (the ids after an assistant turn's
+        end-of-turn token) hold a user message that opens a new query by the family's template.
+
+        A family with ``tool_reply_tags`` (Qwen3) takes a user message whose content starts with the first
+        tag and ends with the second for a tool reply, as its template does; tool messages render as
+        such a user message, so one rule covers both. The user messages are found with the template's own
+        user-turn framing (:meth:`_user_frame`, from a probe rendering); a template whose framing cannot
+        be found treats every user message as a query.
+        """
+        tags = self.family.tool_reply_tags
+        frame = self._user_frame()
+        if tags is None or frame is None:
+            return True
+        head, tail = frame
+        text = self.tokenizer.decode(list(continuation), skip_special_tokens=False)
+        contents = [part.split(tail, 1)[0] for part in text.split(head)[1:]]
+        return not contents or any(not (c.startswith(tags[0]) and c.endswith(tags[1])) for c in contents)
+
+    def _user_frame(self) -> tuple[str, str] | None:
+        """``(head, tail)``: the text the template writes before and after a user message's content in a
+        continuation (``<|im_start|>user\n`` and ``<|im_end|>`` for ChatML), or None if not found."""
+        if self._user_frame_cache is None:
+            mark = "USER-PROBE-7f3a"
+            before, found, after = self.continuation_text([{"role": "user", "content": mark}]).partition(mark)
+            head, eot = before.lstrip("\n"), self.end_of_turn_text
+            tail = after[: after.index(eot) + len(eot)] if eot in after else ""
+            self._user_frame_cache = ((head, tail) if found and head and tail else None,)
+        return self._user_frame_cache[0]
 
     def _empty_think(self, ids: Sequence[int], region: tuple[int, int]) -> bool:
         span = list(ids[region[0] : region[1]])

@@ -53,6 +53,13 @@ class Family:
     stop_tokens: tuple[str, ...] = field(
         default=(), metadata={"help": "stop tokens besides the end-of-turn token"}
     )
+    tool_reply_tags: tuple[str, str] | None = field(
+        default=None,
+        metadata={
+            "help": "(open, close): the template takes a user message whose content starts with open and "
+            "ends with close for a tool reply, not a new query (Qwen3's <tool_response>; history rule)"
+        },
+    )
     about: str = ""
 
 
@@ -99,6 +106,7 @@ register_family(
         detect=lambda t: "<|im_start|>" in t and "<think>" in t,
         think=("<think>", "</think>"),
         drops_thinking=True,
+        tool_reply_tags=("<tool_response>", "</tool_response>"),
         about="Qwen3 / QwQ: ChatML, Hermes tool calls with newlines, <think> blocks the template drops "
         "from earlier turns; enable_thinking through model.chat_template_kwargs",
     )
