@@ -83,6 +83,18 @@ def test_server_tools_become_policy_tools_and_calls_are_tool_turns(server_cmd):
     assert done.done and done.success and done.reward == 1.0
 
 
+def test_parallel_calls_are_answered_by_one_tool_message_each(server_cmd):
+    """Two calls in one message: two tool messages named after their tools, in order (not one text)."""
+    env = MCPEnv(command=server_cmd)
+    env.reset(_task("How many pears and plums?", "16"))
+    res = env.step(format_tool_call("count", {"item": "pears"}) + format_tool_call("add", {"a": 5, "b": 11}))
+    assert [(m.role, m.name, m.content) for m in res.messages] == [
+        ("tool", "count", "5"),
+        ("tool", "add", "16"),
+    ]
+    assert (res.observation, res.role, res.tool_calls) == ("5\n16", "tool", 2)
+
+
 def test_one_server_process_is_shared(server_cmd):
     a, b = MCPEnv(command=server_cmd), MCPEnv(command=server_cmd)
     assert a.server is b.server is server_for(server_cmd)

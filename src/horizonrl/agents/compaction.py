@@ -260,7 +260,7 @@ class CompactionContext(ContextManager):
             return
         ep.segment.turns.append(turn)
         mark = len(ep.context) + len(turn.response_ids) + len(ep.renderer.end_of_turn_ids(turn.response_ids))
-        ep.state["tail"] = (mark, {"role": result.role, "content": result.observation})
+        ep.state["tail"] = (mark, result.chat_messages())
         ep.state["records"].append(turn_record(gen.text, result.observation, ep.env.tools))
         ep.context = ep.context + list(turn.response_ids) + obs_ids
 
@@ -334,6 +334,6 @@ class CompactionContext(ContextManager):
             ep.context = list(ep.renderer.initial_ids([*ep.messages, forced], tools=ep.tools))
         else:
             mark, last_obs = tail
-            ep.context = ep.context[:mark] + list(ep.renderer.continuation_ids([last_obs, forced]))
+            ep.context = ep.context[:mark] + list(ep.renderer.continuation_ids([*last_obs, forced]))
         ep.final_attempt = True
         ep.segment.info["forced_answer"] = True

@@ -139,9 +139,12 @@ _TURN_META = ("label_ids", "cached_tokens")
 
 
 def observation_ids(ep: Episode, turn: Turn, result: StepResult) -> list[int]:
-    """Tokens appended after a turn: end-of-turn if generation was cut, then the rendered reply."""
+    """Tokens appended after a turn: end-of-turn if generation was cut, then the rendered reply.
+
+    The reply is rendered as its separate messages (``StepResult.messages``: one per tool call
+    answered), exactly as the chat template renders several tool/user messages in a row."""
     return list(ep.renderer.end_of_turn_ids(turn.response_ids)) + list(
-        ep.renderer.continuation_ids([{"role": result.role, "content": result.observation}])
+        ep.renderer.continuation_ids(result.chat_messages())
     )
 
 
@@ -211,12 +214,12 @@ def extend_context(ep: Episode, turn: Turn, gen: Generation, result: StepResult)
         regions.append(r.assistant_region(ep.context, len(turn.response_ids) + eot))
     ctx = ep.context + list(turn.response_ids) + observation_ids(ep, turn, result)
     if getattr(r, "drops_history", False):
-        ctx, regions[:] = r.apply_history(ctx, regions, user_turn=result.role == "user")
+        ctx, regions[:] = r.apply_history(ctx, regions, user_turn=result.has_user_message)
     ep.context = ctx
     transcript = ep.state.get("transcript")
     if transcript is not None:
         transcript.append({"role": "assistant", "content": gen.meta.get("raw_text", gen.text)})
-        transcript.append({"role": result.role, "content": result.observation})
+        transcript.extend(result.chat_messages())  # the separate messages, as the template sees them
         if "token_mismatch" not in ep.rollout.env:
             miss = r.first_mismatch(ctx, transcript, ep.tools)
             if miss is not None:

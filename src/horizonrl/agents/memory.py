@@ -66,7 +66,7 @@ from horizonrl.agents.summary import (
     collapse,
     end_overlong,
     expert_finding,
-    obs_message,
+    obs_messages,
     strip_thinking,
     token_boundary,
     tool_call_args,
@@ -391,7 +391,7 @@ class MemoryContext(MessageManager):
         st: _MemoryState = ep.state[STATE_KEY]
         index, found = self._take_finding(ep, turn, gen, action=True)
         hint = {"role": "user", "content": HINT}
-        new = st.ctx.after(turn.prompt_ids, turn.response_ids, [obs_message(result), hint])
+        new = st.ctx.after(turn.prompt_ids, turn.response_ids, [*obs_messages(result), hint])
         ids = new.ids()
         if len(ids) + st.params.max_new_tokens > self.limits.context_budget:
             if snapshot is None:

@@ -12,7 +12,8 @@ Registered maps (``rollout.context`` / ``rollout.context_params``):
 
 - ``identity`` — ``c_k = S_k``: the append-only context, token-for-token the same
   as the ``append`` manager (it additionally records each observation's role,
-  which :func:`flat_prompts` needs).
+  which :func:`flat_prompts` needs with the separate messages the loop keeps in
+  ``Turn.info["obs_messages"]``).
 - ``window`` (``n``) — the system + task prompt followed by the last ``n`` turns
   (``n = 0``: the task alone); with ``n >= k`` it equals ``identity``.
 - ``strip_think`` (``keep_last``) — the chat history with every ``<think>...</think>``
@@ -259,7 +260,9 @@ def flat_prompts(turns: Sequence[Turn], renderer, *, start: Sequence[int] | None
         return prompts
     out = [first]
     for prev in turns[:-1]:
-        obs = [{"role": prev.info.get("obs_role", "tool"), "content": prev.observation or ""}]
+        obs = prev.info.get("obs_messages") or [
+            {"role": prev.info.get("obs_role", "tool"), "content": prev.observation or ""}
+        ]
         out.append(
             out[-1]
             + list(prev.response_ids)

@@ -85,6 +85,10 @@ def apply_result(turn: Turn, result: StepResult) -> None:
     turn.invalid = result.invalid
     turn.tool_calls = result.tool_calls
     turn.observation = result.observation if not result.done else (result.observation or None)
+    messages = result.chat_messages()
+    if messages != [{"role": result.role, "content": result.observation}]:
+        # several messages (or a tool name / call id): the joined text alone does not say how it rendered
+        turn.info["obs_messages"] = messages
     if result.info.get("env_error"):
         turn.info["env_error"] = str(result.info["env_error"])
     if result.info.get("env_metrics"):  # an environment's own per-episode scores (e.g. a verifiers rubric)

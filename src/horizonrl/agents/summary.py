@@ -119,8 +119,9 @@ def tool_call_args(text: str) -> list[str]:
     ]
 
 
-def obs_message(result: StepResult) -> dict[str, str]:
-    return {"role": result.role, "content": result.observation}
+def obs_messages(result: StepResult) -> list[dict[str, str]]:
+    """The environment's reply as chat messages (one per tool call answered, ``StepResult.messages``)."""
+    return result.chat_messages()
 
 
 # ----------------------------------------------------------------------------- working context
@@ -262,7 +263,7 @@ class SummaryContext(MessageManager):
         n = turn.num_response_tokens
         turn.spans = [Span("action", 0, n)] if n else []
         ep.segment.turns.append(turn)
-        new = st.ctx.after(turn.prompt_ids, turn.response_ids, [obs_message(result)])
+        new = st.ctx.after(turn.prompt_ids, turn.response_ids, obs_messages(result))
         ids = new.ids()
         st.ctx, ep.context = new, ids
         if len(ids) + st.params.max_new_tokens > self.limits.context_budget:

@@ -16,7 +16,7 @@ User environments subclass :class:`CustomEnv` with ``@tool`` methods (``docs/cus
 
 from horizonrl.envs.airline import AirlineEnv
 from horizonrl.envs.arithmetic import ArithmeticEnv
-from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.base import Env, EnvMessage, StepResult, Task
 from horizonrl.envs.common import ToolEnv
 from horizonrl.envs.custom import CustomEnv, QAEnv, ToolError, tool
 from horizonrl.envs.gym_text import GymTextEnv  # registers "gym"; gymnasium loads only for knob 'id'
@@ -46,6 +46,7 @@ __all__ = [
     "ArithmeticEnv",
     "CustomEnv",
     "Env",
+    "EnvMessage",
     "GymTextEnv",
     "HouseholdEnv",
     "LookupEnv",

@@ -6,12 +6,15 @@
 1.0 if correct, else 0.0; any tool calls in that message are not run); with
 ``text_answers`` a message with neither tag is itself the final answer (single-turn
 QA); otherwise its ``<tool_call>`` blocks (at most
-``max_calls_per_turn``) are parsed and run in order and their outputs joined by
-newlines into one role-``tool`` observation (malformed ones become error text and
-set ``invalid=True``); a message with neither gets a short user-role reminder
-(``invalid=True``). ``StepResult.tool_calls`` counts the calls that ran;
-``info["tool_errors"]`` the malformed or failed ones. An optional per-task ``max_steps`` ends the
-episode (reward 0) after that many assistant messages.
+``max_calls_per_turn``) are parsed and run in order, each answered by its own
+role-``tool`` message (:class:`~horizonrl.envs.base.EnvMessage` named after the tool,
+so the chat template renders one result per call; malformed ones become error text and
+set ``invalid=True``; calls past the limit get one more tool message saying so); a
+message with neither gets a short user-role reminder (``invalid=True``).
+``StepResult.tool_calls`` counts the calls that ran; ``info["tool_errors"]`` the
+malformed or failed ones. An optional per-task ``max_steps`` ends the
+episode (reward 0) after that many assistant messages, with a user message "Out of steps."
+after the step's own messages.
 
 :func:`generate_tasks` turns a per-index candidate generator into a deterministic
 task list. Train and test are disjoint by construction: both splits walk the same
@@ -30,7 +33,7 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from horizonrl.envs.base import Env, StepResult, Task, is_file_task
+from horizonrl.envs.base import Env, EnvMessage, StepResult, Task, is_file_task
 from horizonrl.envs.tools import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
@@ -259,42 +262,42 @@ class ToolEnv(Env):
         if not st:
             raise RuntimeError(f"{self.name}: call reset(task) before step()")
         if st["done"]:
-            return self._result("The episode is over.", "user", invalid=True, reward=0.0)
+            return self._result([EnvMessage("user", "The episode is over.")], invalid=True, reward=0.0)
         st["turn"] += 1
-        final_answer, tool_calls, errors, invalid, role = None, 0, 0, False, "tool"
+        final_answer, tool_calls, errors, invalid = None, 0, 0, False
         answer = parse_answer(action)
         calls = parse_tool_calls(action, self.tools) if answer is None else []
         if answer is None and not calls and self.text_answers:
             answer = action.strip()
         if answer is not None:
             final_answer = answer
-            obs, role = ("Correct." if self.finish(answer) else "Incorrect."), "user"
+            msgs = [EnvMessage("user", "Correct." if self.finish(answer) else "Incorrect.")]
+        elif not calls:
+            msgs, invalid = [EnvMessage("user", self.reminder())], True
         else:
-            outs: list[str] = []
+            msgs = []  # one tool message per call, as the model's chat template answers parallel calls
             for call in calls[: self.max_calls_per_turn]:
                 if isinstance(call, ToolCallError):
-                    outs.append(call.message)
+                    msgs.append(EnvMessage("tool", call.message, name=call.name or None))
                     errors += 1
                 else:
                     text, bad = self._call_tool(call)
-                    outs.append(text)
+                    msgs.append(EnvMessage("tool", text, name=call.name))
                     tool_calls += 1
                     errors += bad
                 if st["done"]:
                     break
             if len(calls) > self.max_calls_per_turn and not st["done"]:
-                outs.append(f"Only the first {self.max_calls_per_turn} tool calls were run.")
-            if not calls:
-                outs, role = [self.reminder()], "user"
-            obs, invalid = "\n".join(outs), errors > 0 or not calls
+                note = f"Only the first {self.max_calls_per_turn} tool calls were run."
+                msgs.append(EnvMessage("tool", note))
+            invalid = errors > 0
         if not st["done"] and st["max_steps"] is not None and st["turn"] >= st["max_steps"]:
             st["done"] = True
-            obs += "\nOut of steps."
+            msgs.append(EnvMessage("user", "Out of steps."))
         # A graded answer earns its reward; an episode won by acting (rooms, household) earns 1.0.
         reward = (st["reward"] if st["graded"] else float(st["success"])) if st["done"] else 0.0
         return self._result(
-            obs,
-            role,
+            msgs,
             invalid=invalid,
             reward=reward,
             final_answer=final_answer,
@@ -302,14 +305,13 @@ class ToolEnv(Env):
             info={"tool_errors": errors, "turn": st["turn"]},
         )
 
-    def _result(self, obs: str, role: str, *, invalid: bool, reward: float, **kw: Any) -> StepResult:
+    def _result(self, messages: list[EnvMessage], *, invalid: bool, reward: float, **kw: Any) -> StepResult:
         st = self.state
         return StepResult(
-            obs,
+            messages=messages,
             reward=reward,
             done=st["done"],
             success=st["success"],
-            role=role,
             obs_key=self.state_key(),
             invalid=invalid,
             **kw,

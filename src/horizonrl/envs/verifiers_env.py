@@ -19,11 +19,12 @@ Two routes, one task list (rows of the environment's dataset; see :func:`verifie
   horizonrl agent and answered with the policy's message. ``reset`` returns the first request's user
   message (its system message becomes the system prompt); ``step`` answers the pending request with the
   assistant message (``<tool_call>`` blocks become OpenAI ``tool_calls``, so ``ToolEnv`` runs its own
-  tools) and returns the messages the environment adds before its next request (tool results: role
-  ``tool``, else ``user``). When the rollout ends, the environment's rubric scores it
-  (``rubric.score_rollout``): the last step's reward is the rubric's reward, success is a reward of at
-  least the environment's ``pass_threshold``, and the rubric's metrics are in
-  ``Turn.info["env_metrics"]``;
+  tools) and returns the messages the environment adds before its next request, each its own message
+  (tool results: role ``tool`` with their ``tool_call_id``, else ``user``), so two parallel calls are
+  answered by two tool messages as the chat template renders them. When the rollout ends, the
+  environment's rubric scores it (``rubric.score_rollout``): the last step's reward is the rubric's
+  reward, success is a reward of at least the environment's ``pass_threshold``, and the rubric's
+  metrics are in ``Turn.info["env_metrics"]``;
 - **through the gateway** (``gateway.callable: horizonrl.envs.verifiers_env:gateway_rollout``): the
   same rollout code talks to horizonrl's recording gateway with verifiers' own OpenAI client, for
   environments with custom loops; the gateway records the sessions token-exactly and the rubric's
@@ -56,7 +57,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.base import Env, EnvMessage, StepResult, Task
 from horizonrl.envs.common import check_seconds, fill_knobs, split_of
 from horizonrl.envs.episodic import finite_number
 from horizonrl.envs.registry import register_env
@@ -147,6 +148,16 @@ def _role(message: Any) -> str:
 
 def _content(message: Any) -> Any:
     return message.get("content") if isinstance(message, dict) else message.content
+
+
+def _env_message(message: Any, where: str) -> EnvMessage:
+    """A message the environment added, as an :class:`EnvMessage` (``tool`` keeps its call id)."""
+    content = _text(_content(message), where)
+    if _role(message) != "tool":
+        return EnvMessage("user", content)
+    get = message.get if isinstance(message, dict) else lambda k: getattr(message, k, None)
+    call_id = get("tool_call_id")
+    return EnvMessage("tool", content, tool_call_id=call_id or None)
 
 
 def _split_prompt(prompt: list[Any], where: str) -> tuple[str | None, str]:
@@ -426,10 +437,12 @@ class VerifiersEnv(Env):
         st["turn"] += 1
         calls = parse_tool_calls(action, self._tools) if self._tools else []
         errors = [c for c in calls if isinstance(c, ToolCallError)]
-        if errors:  # the environment is not stepped; the policy sees why
-            obs = "\n".join(e.message for e in errors)
+        if errors:  # the environment is not stepped; the policy sees why, one tool message per bad call
             return StepResult(
-                obs, role="tool", invalid=True, obs_key=self.state_key(), info={"tool_errors": len(errors)}
+                messages=[EnvMessage("tool", e.message, name=e.name) for e in errors],
+                invalid=True,
+                obs_key=self.state_key(),
+                info={"tool_errors": len(errors)},
             )
         good = [c for c in calls if isinstance(c, ToolCall)]
         text = (
@@ -442,22 +455,25 @@ class VerifiersEnv(Env):
         return self._finish(len(good))
 
     def _observe(self, messages: list[Any], n_calls: int) -> StepResult:
-        """The messages the environment added after the assistant's (the next request's tail)."""
+        """The messages the environment added after the assistant's (the next request's tail), each its
+        own :class:`EnvMessage`: a tool result keeps its ``tool_call_id``; any other role is a user
+        message."""
         k = len(self._sent) + 1
         if len(messages) < k:
             raise ConfigError(f"{self.where}: the prompt was rewritten between turns (non-linear messages)")
-        added = messages[k:]
+        added = [_env_message(m, self.where) for m in messages[k:]]
         self._sent = list(messages)
-        roles = {_role(m) for m in added}
-        obs = "\n".join(_text(_content(m), self.where) for m in added)
-        self.state["key"] = obs
-        return StepResult(
-            obs,
-            role="tool" if roles == {"tool"} else "user",
-            obs_key=self.state_key(),
+        if not added:  # two requests in a row with nothing between: an empty user message, as before
+            added = [EnvMessage("user", "")]
+        result = StepResult(
+            messages=added,
+            obs_key=None,
             tool_calls=n_calls,
             info={"turn": self.state["turn"]},
         )
+        self.state["key"] = result.observation
+        result.obs_key = self.state_key()
+        return result
 
     def _finish(self, n_calls: int) -> StepResult:
         st = self.state

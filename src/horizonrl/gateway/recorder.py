@@ -11,7 +11,10 @@ ids the engine saw (including a tool-call prefill), with the sampled ids and the
   are an earlier call's messages, then the assistant message that call returned (same content, same
   tool calls and arguments; ids ignored), then only tool/user messages, the prompt is that call's
   prompt + its sampled ids + an end-of-turn token if it was cut + the rendering of the new messages
-  (:meth:`ChatRenderer.continuation_ids`). Anything else is rendered from scratch.
+  (:meth:`ChatRenderer.continuation_ids`), each its own message (two parallel tool results are two
+  tool messages, rendered as the template renders them); the earlier turn keeps them in
+  ``info["obs_messages"]``, as the agent loop keeps a step's messages. Anything else is rendered from
+  scratch.
 - **Rewritten context.** A call that extends no earlier call starts a new session of kind ``normal``
   whose ``parent`` is the previous session (``info["rewrite"]``). When the previous session was such a
   rewrite with a single turn and the new prompt quotes that turn's answer (its ``<summary>`` content, or
@@ -135,6 +138,26 @@ def _same_assistant(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
     return same_text and _calls_of(sent) == _calls_of(returned)
 
 
+def _new_messages(last: _Call, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The tool/user messages ``messages`` add after ``last``'s messages and the assistant message it
+    returned, or None when ``messages`` do not continue ``last`` that way. Each stays its own message:
+    two parallel tool results are rendered as the template renders two tool messages in a row."""
+    k = len(last.messages)
+    if len(messages) <= k or [_norm(m) for m in messages[:k]] != [_norm(m) for m in last.messages]:
+        return None
+    if not _same_assistant(messages[k], last.returned):
+        return None
+    rest = list(messages[k + 1 :])
+    return None if any(m["role"] == "assistant" for m in rest) else rest
+
+
+def _obs_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A recorded reply message: role, content, and ``tool_call_id``/``name`` where the client sent them."""
+    out = {"role": m["role"], "content": m.get("content") or ""}
+    out.update({k: m[k] for k in ("tool_call_id", "name") if m.get(k)})
+    return out
+
+
 class Recorder:
     """Episodes → rollouts (module docstring). Thread-safe.
 
@@ -232,15 +255,8 @@ class Recorder:
                 last = ep.last_call.get(seg)
                 if last is None or last.tools_key != key:
                     continue
-                k = len(last.messages)
-                if len(messages) <= k or [_norm(m) for m in messages[:k]] != [
-                    _norm(m) for m in last.messages
-                ]:
-                    continue
-                if not _same_assistant(messages[k], last.returned):
-                    continue
-                rest = messages[k + 1 :]
-                if any(m["role"] == "assistant" for m in rest):
+                rest = _new_messages(last, messages)
+                if rest is None:
                     continue
                 ids = last.context + self.renderer.end_of_turn_ids(last.response_ids)
                 self.stats["spliced"] += 1
@@ -302,6 +318,10 @@ class Recorder:
                 prev = seg.turns[-1]
                 env_ids = prompt_ids[len(prev.prompt_ids) + len(prev.response_ids) :]
                 prev.observation = self.tokenizer.decode(env_ids, skip_special_tokens=True)
+                last = ep.last_call.get(seg_index)
+                rest = _new_messages(last, messages) if last is not None else None
+                if rest:  # the separate tool/user messages, as the agent loop records a step's reply
+                    prev.info["obs_messages"] = [_obs_message(m) for m in rest]
             seg = rollout.segments[seg_index]
             seg.turns.append(turn)
             for child_seg in root.waiting_h_plus.pop(seg_index, []) if len(seg.turns) > 1 else []:

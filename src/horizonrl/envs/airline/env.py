@@ -4,8 +4,9 @@ An episode is one customer call. ``reset(task)`` returns the simulated
 customer's first message. Each assistant message then either
 
 - contains ``<tool_call>`` blocks: they run (at most ``max_calls_per_turn``) on
-  the episode's copy of the database and the observation (role ``tool``) is
-  their outputs joined by newlines; malformed calls give ``Error: ...`` text and
+  the episode's copy of the database and each call's output is its own
+  ``tool`` message (one result per call, as the chat template renders parallel
+  calls); malformed calls give ``Error: ...`` text and
   ``invalid=True``, refused calls (domain errors) give ``Error: ...`` only; or
 - is plain text to the customer: the observation (role ``user``) is the
   simulator's reply (:mod:`horizonrl.envs.airline.user`). A reply containing
@@ -70,7 +71,7 @@ from horizonrl.envs.airline.user import (
     opening_message,
     scenario_from_task,
 )
-from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.base import Env, EnvMessage, StepResult, Task
 from horizonrl.envs.common import check_bool, check_int, check_noise
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, format_tool_call, parse_tool_calls
@@ -315,16 +316,16 @@ class AirlineEnv(Env):
         st.update(done=True, termination=termination, evaluation=ev)
         st["success"] = termination == "user_stop" and ev["passed"]
 
-    def _run_calls(self, calls: list[Any]) -> tuple[str, int, int, bool]:
-        """Run parsed calls; return (observation, calls run, errors, any malformed)."""
+    def _run_calls(self, calls: list[Any]) -> tuple[list[EnvMessage], int, int, bool]:
+        """Run parsed calls; return (one tool message per call, calls run, errors, any malformed)."""
         st, k = self.state, self.knobs
         db = AirlineDB(st["db"])
-        outs: list[str] = []
+        outs: list[EnvMessage] = []
         ran = errors = 0
         malformed = False
         for call in calls[: k["max_calls_per_turn"]]:
             if isinstance(call, ToolCallError):
-                outs.append(call.message)
+                outs.append(EnvMessage("tool", call.message, name=call.name))
                 errors, malformed = errors + 1, True
                 continue
             content, status = execute(db, call.name, call.arguments)
@@ -337,17 +338,17 @@ class AirlineEnv(Env):
             cap = k["max_obs_chars"]
             if cap and len(content) > cap:
                 content = f"{content[:cap]}... [truncated {len(content) - cap} characters]"
-            outs.append(content)
+            outs.append(EnvMessage("tool", content, name=call.name))
         if len(calls) > k["max_calls_per_turn"]:
-            outs.append(f"Only the first {k['max_calls_per_turn']} tool calls were run.")
-        return "\n".join(outs), ran, errors, malformed
+            outs.append(EnvMessage("tool", f"Only the first {k['max_calls_per_turn']} tool calls were run."))
+        return outs, ran, errors, malformed
 
     def step(self, action: str) -> StepResult:
         st = self.state
         if not st:
             raise RuntimeError(f"{self.name}: call reset(task) before step()")
         if st["done"]:
-            return self._result("The episode is over.", "user", invalid=True)
+            return self._result([EnvMessage("user", "The episode is over.")], invalid=True)
         st["turn"] += 1
         text = visible_text(action)
         if text:
@@ -355,12 +356,11 @@ class AirlineEnv(Env):
         calls = parse_tool_calls(action, TOOLS)
         ran = errors = 0
         if calls:
-            obs, ran, errors, invalid = self._run_calls(calls)
-            role = "tool"
+            msgs, ran, errors, invalid = self._run_calls(calls)
         elif not text:
-            obs, role, invalid = EMPTY_MESSAGE, "user", True
+            msgs, invalid = [EnvMessage("user", EMPTY_MESSAGE)], True
         else:
-            role, invalid = "user", False
+            invalid = False
             st["conversation"].append({"role": "assistant", "content": text})
             obs = self.user.reply(
                 st["task"]["scenario"],
@@ -370,15 +370,22 @@ class AirlineEnv(Env):
                 transferred=st["transferred"],
             )
             st["conversation"].append({"role": "user", "content": obs})
+            msgs = [EnvMessage("user", obs)]
             if is_stop(obs):
                 self._finish("user_stop")
         if not st["done"] and st["turn"] >= self.knobs["max_steps"]:
             self._finish("max_steps")
-            obs += "\nOut of steps."
-        return self._result(obs, role, invalid=invalid, final=st["done"], tool_calls=ran, errors=errors)
+            msgs.append(EnvMessage("user", "Out of steps."))
+        return self._result(msgs, invalid=invalid, final=st["done"], tool_calls=ran, errors=errors)
 
     def _result(
-        self, obs: str, role: str, *, invalid: bool, final: bool = False, tool_calls: int = 0, errors: int = 0
+        self,
+        messages: list[EnvMessage],
+        *,
+        invalid: bool,
+        final: bool = False,
+        tool_calls: int = 0,
+        errors: int = 0,
     ) -> StepResult:
         """The step's result; ``final``: this step ended the episode (the only step that can pay 1.0)."""
         st = self.state
@@ -390,11 +397,10 @@ class AirlineEnv(Env):
         if st["done"]:
             info.update(termination=st["termination"], evaluation=st["evaluation"])
         return StepResult(
-            obs,
+            messages=messages,
             reward=1.0 if final and st["success"] else 0.0,
             done=st["done"],
             success=st["success"],
-            role=role,
             obs_key=self.state_key(),
             invalid=invalid,
             tool_calls=tool_calls,

