@@ -92,12 +92,13 @@ def _calls(fam: str, items: list[str]) -> dict:
 
 
 def _loop_prompts(
-    renderer: ChatRenderer, env: Shelf, responses: list[dict]
+    renderer: ChatRenderer, env: Shelf, responses: list[dict], context: str = "append", **params
 ) -> tuple[list[list[int]], object]:
-    """Run the react loop's program on ``env`` with ``responses`` as the sampled assistant messages;
-    return the prompt of every generation request and the episode."""
+    """Run the react loop's program on ``env`` with ``responses`` as the sampled assistant messages
+    (context manager ``context``); return the prompt of every generation request and the episode."""
     ep = start_episode(env, _task(), renderer, uid="u", group_id="g")
-    manager = make_context("append", LoopLimits(max_turns=len(responses), context_budget=8192))
+    limits = LoopLimits(max_turns=len(responses), context_budget=8192)
+    manager = make_context(context, limits, params)
     program = episode_program(ep, manager, SamplingParams(max_new_tokens=64))
     prompts = []
     request = next(program)
@@ -222,6 +223,54 @@ def test_a_custom_env_returning_one_string_still_renders_as_one_message(fam):
     assert prompts[1] == _template_ids(tok, conversation, tools)
     assert "token_mismatch" not in ep.rollout.env
     assert "obs_messages" not in ep.rollout.turns[0].info  # one plain message: the text says it all
+
+
+def test_the_flat_history_rebuilds_separate_messages():
+    """RTPO's flattened history (``flat_prompts``) re-renders each recorded reply: with two tool messages
+    it must rebuild the prompts the append-only loop saw, not one joined message."""
+    from horizonrl.agents.psi import flat_prompts
+
+    tok = family_tokenizer("qwen2_5")
+    renderer = ChatRenderer(tok)
+    responses = [
+        _calls("qwen2_5", ["pears", "plums"]),
+        _calls("qwen2_5", ["figs"]),
+        {"role": "assistant", "content": "<answer>16</answer>"},
+    ]
+    append, _ = _loop_prompts(renderer, Shelf(nudge=True), responses)
+    windowed, ep = _loop_prompts(renderer, Shelf(nudge=True), responses, context="window", n=0)
+    assert windowed[1] != append[1]  # the window shows the task alone, so the history is rebuilt
+    assert flat_prompts(ep.rollout.turns, renderer) == append
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_qwen3_drop_after_a_tool_result_and_a_user_message_is_the_templates(enable_thinking):
+    """A user message after the tool result is a new query for Qwen3's template: the earlier thinking (or
+    the empty think block of ``enable_thinking: false``) is dropped (``thinking_history: drop``), exactly
+    where the template drops it."""
+    tok = family_tokenizer("qwen3")
+    kw = {"enable_thinking": enable_thinking}
+    renderer = ChatRenderer(tok, template_kwargs=kw, thinking_history="drop")
+    renderer.check_tokens = True
+    first = _calls("qwen3", ["pears"])
+    # with thinking off the generation prompt holds an empty think block and the model writes none
+    first["content"] = "<think>\nCount the pears first.\n</think>\n\n" if enable_thinking else ""
+    prompts, ep = _loop_prompts(renderer, Shelf(nudge=True), [first, {"role": "assistant", "content": "ok"}])
+    tools = [t.to_schema() for t in Shelf().tools]
+    conversation = [
+        {"role": "system", "content": Shelf.system_prompt},
+        {"role": "user", "content": QUESTION},
+        first,
+        {"role": "tool", "content": STOCK["pears"]},
+        {"role": "user", "content": NUDGE},
+    ]
+    text = tok.apply_chat_template(
+        conversation, tools=tools, tokenize=False, add_generation_prompt=True, **kw
+    )
+    # the template dropped the earlier block: what is left is the generation prompt's (thinking off)
+    assert "Count the pears first." not in text and text.count("<think>") == (0 if enable_thinking else 1)
+    assert prompts[1] == tok.encode(text, add_special_tokens=False)
+    assert "token_mismatch" not in ep.rollout.env
 
 
 def test_the_gateway_splices_two_tool_messages_as_the_template_renders_them():
