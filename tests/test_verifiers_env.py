@@ -76,6 +76,22 @@ def test_wrong_answers_malformed_calls_and_the_turn_limit():
     env.close()
 
 
+def test_parallel_calls_come_back_as_one_tool_message_each_with_its_call_id():
+    """verifiers' ToolEnv answers two calls with two tool messages; the adapter keeps them separate (each
+    with the id of the call it answers), so the chat template renders two tool results, not one text."""
+    env = _env(**ADD)
+    a, b = _operands(env.reset(env.tasks(1, seed=0)[0]))
+    res = env.step(_call(a, b) + _call(b, 1))
+    assert [(m.role, m.content, m.tool_call_id) for m in res.messages] == [
+        ("tool", str(a + b), "call_1_0"),
+        ("tool", str(b + 1), "call_1_1"),
+    ]
+    assert (res.role, res.observation, res.tool_calls) == ("tool", f"{a + b}\n{b + 1}", 2)
+    bad = env.step('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>' * 2)
+    assert [m.role for m in bad.messages] == ["tool", "tool"] and bad.invalid
+    env.close()
+
+
 def test_tasks_are_rows_seeded_disjoint_and_cycled():
     train = _env(**ADD).tasks(30, seed=0)
     test = _env(**ADD).tasks(4, seed=0, split="test")
