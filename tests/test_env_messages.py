@@ -85,6 +85,21 @@ def test_a_malformed_reply_is_an_error_naming_the_field_and_value(make, message)
         make()
 
 
+def test_a_reply_survives_pickling_and_the_rollout_record():
+    """Environments in Ray workers send their StepResult pickled; the rollout JSONL keeps the messages."""
+    import pickle
+
+    from horizonrl.trajectory import Rollout, Segment, Turn
+    from horizonrl.trajectory.types import rollout_from_dict, rollout_to_dict
+
+    r = StepResult(messages=[EnvMessage("tool", "5", name="count"), EnvMessage("user", "Go on.")], reward=0.5)
+    assert pickle.loads(pickle.dumps(r)) == r
+    turn = Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0], info={"obs_messages": r.chat_messages()})
+    rollout = Rollout(uid="u", task_id="t", group_id="g", segments=[Segment(kind="normal", turns=[turn])])
+    back = rollout_from_dict(rollout_to_dict(rollout))
+    assert back.turns[0].info["obs_messages"] == r.chat_messages()
+
+
 # -- the built-in environments ------------------------------------------------------------------------
 
 TOOL_ENVS = ["arithmetic", "lookup", "rooms", "household", "search", "math_python", "airline"]
