@@ -237,3 +237,25 @@ def test_the_loop_renders_each_message_as_the_tiny_models_template(tiny_tok, nud
     assert prompts[1] == tiny_tok.encode(text, add_special_tokens=False)
     assert text.count("<tool_response>") == sum(r["role"] == "tool" for r in replies)  # one per message
     assert "token_mismatch" not in ep.rollout.env
+
+
+def test_check_tokens_sees_replies_rendered_as_one_joined_message(tiny_tok, monkeypatch):
+    """``rollout.check_tokens`` compares with a transcript of the separate messages, so the pre-list
+    rendering (the results joined into one tool message) is reported, at the second result."""
+    from horizonrl.agents import context
+    from horizonrl.models.chat import ChatRenderer
+
+    def joined(ep, turn, result):  # how a step's reply was rendered before it had messages
+        one = [{"role": result.role, "content": result.observation}]
+        return list(ep.renderer.end_of_turn_ids(turn.response_ids)) + ep.renderer.continuation_ids(one)
+
+    monkeypatch.setattr(context, "observation_ids", joined)
+    renderer = ChatRenderer(tiny_tok)
+    renderer.check_tokens = True
+    first = count_calls("chatml", ["pears", "plums"])
+    _, ep = loop_prompts(renderer, Shelf(), [first, {"role": "assistant", "content": "<answer>16</answer>"}])
+    miss = ep.rollout.env["token_mismatch"]
+    assert miss["turn"] == 1 and ep.rollout.env["metrics"]["token_mismatch"] == 1.0
+    # kept: the second result ("11") right after the first; the template: the first block closes, a second opens
+    assert miss["kept"][:2] == ["1", "1"]
+    assert miss["rendered"][:3] == ["</tool_response>", "Ċ", "<tool_response>"]
