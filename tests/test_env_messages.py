@@ -256,6 +256,6 @@ def test_check_tokens_sees_replies_rendered_as_one_joined_message(tiny_tok, monk
     _, ep = loop_prompts(renderer, Shelf(), [first, {"role": "assistant", "content": "<answer>16</answer>"}])
     miss = ep.rollout.env["token_mismatch"]
     assert miss["turn"] == 1 and ep.rollout.env["metrics"]["token_mismatch"] == 1.0
-    # kept: the second result ("11") right after the first; the template: the first block closes, a second opens
+    # kept: the second result ("11") after the first; the template closes the first block, opens a second
     assert miss["kept"][:2] == ["1", "1"]
     assert miss["rendered"][:3] == ["</tool_response>", "Ċ", "<tool_response>"]
