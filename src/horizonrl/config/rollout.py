@@ -55,10 +55,12 @@ class RolloutConfig(_Section):
         ge=0,
         le=16,
     )
-    check_tokens: bool = opt(
-        False,
-        "compare every kept prompt with a fresh rendering of the conversation and report the first "
-        "token where they differ (rollout/token_mismatch; costs one rendering per turn)",
+    check_tokens: bool | None = opt(
+        None,
+        "compare kept prompts with a fresh rendering of the conversation and report the first token "
+        "where they differ (rollout/token_mismatch, a warning; costs one rendering per turn): true every "
+        "episode, false none; unset (the default) the first 8 episodes of each process, so a template "
+        "that rewrites earlier turns never trains unreported",
     )
     driver: str = opt(
         "sync",

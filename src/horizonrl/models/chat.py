@@ -17,6 +17,11 @@ its think block once it is no longer the last turn) — what a family's template
 earlier assistant turns is the family's history rule (:mod:`horizonrl.models.families`,
 ``rollout.thinking_history``), applied to the kept token ids, never a re-rendering.
 
+When it is built, the renderer proves that the template can be extended this way
+(:mod:`horizonrl.models.probe`: a conversation with thinking and tool calls, built incrementally and
+compared token by token with the template's rendering) and refuses a template that rewrites earlier
+turns beyond the family's history rule, naming the first differing token and its turn.
+
 The renderer belongs to a model family (``family``: a name or ``auto``, detected from the
 template) and passes ``template_kwargs`` (e.g. Qwen3's ``enable_thinking``) to every rendering.
 Structured assistant tool calls are written in the family's tool syntax.
@@ -24,17 +29,25 @@ Structured assistant tool calls are written in the family's tool syntax.
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from horizonrl.models.families import Family, detect_family, drop_thinking, get_family
+from horizonrl.models.probe import TemplateRewritesHistory, base_parts, describe_difference, probe_history
 from horizonrl.models.tokenizer import tools_system_text
 from horizonrl.tool_formats import ToolFormat, get_tool_format
 
 Message = Mapping[str, Any]
+
+#: Episodes whose kept prompts a run checks against the template when ``rollout.check_tokens`` is unset.
+CHECK_FIRST_EPISODES = 8
+
+_LOG = logging.getLogger(__name__)
 
 _PLACEHOLDER = "PLACEHOLDER-RESPONSE-7f3a"
 _BASE: tuple[dict[str, str], ...] = (
@@ -77,8 +90,8 @@ class ChatRenderer:
             self.family = detect_family(template) if family == "auto" else get_family(family)
         self.tool_format: ToolFormat = get_tool_format(self.family.tool_format)
         self.thinking_history = thinking_history
-        #: Compare kept prompts with fresh renderings (``rollout.check_tokens``; agents/context.py).
-        self.check_tokens = False
+        self._check_tokens: bool | None = False
+        self._warned_mismatch = False
         self._supports_tools: bool | None = None
         self._user_frame_cache: tuple[tuple[str, str] | None] | None = None
         self._base_text = self._render(list(_BASE), add_generation_prompt=False)
@@ -87,7 +100,12 @@ class ChatRenderer:
         #: The text before the first assistant turn of the probe conversation (must never change).
         self._before_assistant = self._render(list(_BASE[:2]), add_generation_prompt=False)
         if not self._base_text.startswith(self._before_assistant):
-            raise ValueError("chat template renders the user turn differently once an assistant turn follows")
+            raise TemplateRewritesHistory(
+                "chat template renders the turns before an assistant turn differently once it follows: "
+                + str(
+                    self._base_difference(self._encode(self._before_assistant), self._encode(self._base_text))
+                )
+            )
         gen_text = self._render(list(_BASE[:2]), add_generation_prompt=True)[len(self._before_assistant) :]
         think = self.family.think
         #: Ids the generation prompt puts after the assistant header (Qwen3's empty think block when
@@ -104,6 +122,32 @@ class ChatRenderer:
         if think and all(t in vocab for t in think):
             self.think_ids = (vocab[think[0]], vocab[think[1]])
         self._newline_ids = frozenset(ids[0] for k in range(1, 9) if len(ids := self._encode("\n" * k)) == 1)
+        probe_history(self)
+
+    @property
+    def check_tokens(self) -> bool:
+        """Whether episodes compare their kept prompts with fresh renderings (``rollout.check_tokens``;
+        read by the context manager when an episode starts). Unset (None) reads as False here: a run's
+        default is applied by the rollout layer, which gives the first :data:`CHECK_FIRST_EPISODES`
+        episodes of a fresh run :meth:`checking` (``horizonrl.train.rollout.collect``)."""
+        return bool(self._check_tokens)
+
+    @check_tokens.setter
+    def check_tokens(self, value: bool | None) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"check_tokens={value!r}: must be true, false or unset (None)")
+        self._check_tokens = value
+
+    @property
+    def checks_by_default(self) -> bool:
+        """``rollout.check_tokens`` is unset: the run checks its first episodes only."""
+        return self._check_tokens is None
+
+    def checking(self) -> ChatRenderer:
+        """A copy of this renderer that checks every episode it renders (shares the tokenizer)."""
+        twin = copy.copy(self)
+        twin._check_tokens = True
+        return twin
 
     # -- rendering -----------------------------------------------------------------------------------------
 
@@ -188,11 +232,18 @@ class ChatRenderer:
         head = len(self._before_assistant)
         end = _PLACEHOLDER + self.end_of_turn_text
         if full[:head] != self._before_assistant or end not in full[head:]:
-            raise ValueError(
-                "chat template re-renders earlier turns; incremental prompts are impossible "
-                f"(first differing character {_first_difference(full, self._base_text)})"
+            raise TemplateRewritesHistory(
+                "chat template re-renders earlier turns once more messages follow; incremental prompts "
+                f"are impossible: {self._base_difference(self._encode(self._base_text), self._encode(full))}"
             )
         return full[full.index(end, head) + len(end) :]
+
+    def _base_difference(self, ours: list[int], theirs: list[int]) -> str | None:
+        """:func:`~horizonrl.models.probe.describe_difference` of two renderings that start with the probe
+        conversation ``_BASE``, its turns named (system, first user, assistant)."""
+        before = self._encode(self._before_assistant)
+        parts = [*base_parts(self, before), (len(ours) + 1, "assistant turn")]
+        return describe_difference(ours, theirs, self.tokenizer, parts)
 
     def continuation_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids to append after a response ending in ``eos_id``: ``messages`` (tool/user) and the next
@@ -298,7 +349,16 @@ class ChatRenderer:
         template takes a user message holding one ``<tool_response>`` block for a tool reply. Without
         :attr:`drops_history` nothing changes.
         """
-        if not self.drops_history or not regions:
+        if not self.drops_history:
+            return list(ids), list(regions)
+        return self.history_rule(ids, regions, user_turn=user_turn)
+
+    def history_rule(
+        self, ids: Sequence[int], regions: Sequence[tuple[int, int]], *, user_turn: bool
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """The family's history rule (:meth:`apply_history`) whatever ``rollout.thinking_history`` says:
+        what the template does to earlier turns (the construction-time probe checks it does no more)."""
+        if not (self.family.drops_thinking and self.think_ids) or not regions:
             return list(ids), list(regions)
         last = len(regions) - 1
         user_turn = user_turn and self.opens_query(ids[regions[last][1] :])
@@ -356,11 +416,18 @@ class ChatRenderer:
             (i for i, (a, b) in enumerate(zip(ids, fresh, strict=False)) if a != b), min(len(ids), len(fresh))
         )
         show = self.tokenizer.convert_ids_to_tokens
-        return {
-            "position": k,
-            "kept": show(list(ids[k : k + 4])),
-            "rendered": show(list(fresh[k : k + 4])),
-        }
+        miss = {"position": k, "kept": show(list(ids[k : k + 4])), "rendered": show(list(fresh[k : k + 4]))}
+        if not self._warned_mismatch:  # once per renderer: the metric carries the rest
+            self._warned_mismatch = True
+            _LOG.warning(
+                "token check: a kept prompt differs from the template's rendering of its conversation at "
+                "token %d (kept %s, template %s); rollout/token_mismatch counts such rollouts "
+                "(docs/models.md, 'Checking')",
+                k,
+                miss["kept"],
+                miss["rendered"],
+            )
+        return miss
 
     def sft_example(self, messages: Sequence[Message], tools=None) -> tuple[list[int], list[int]]:
         """``(input_ids, labels_mask)`` of a conversation, tokenized exactly as an RL rollout would be.
@@ -398,14 +465,10 @@ class ChatRenderer:
         )
 
 
-def _first_difference(a: str, b: str) -> str:
-    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return f"{k}: {a[k : k + 20]!r} vs {b[k : k + 20]!r}"
-
-
 def renderer_for(tokenizer: PreTrainedTokenizerBase, cfg: Any) -> ChatRenderer:
     """The renderer of a run (a :class:`~horizonrl.config.RunConfig`): ``model.family``,
-    ``model.chat_template_kwargs`` and ``rollout.thinking_history``."""
+    ``model.chat_template_kwargs``, ``rollout.thinking_history`` and ``rollout.check_tokens`` (unset: the
+    rollout layer checks the first :data:`CHECK_FIRST_EPISODES` episodes of a fresh run)."""
     renderer = ChatRenderer(
         tokenizer,
         family=cfg.model.family,

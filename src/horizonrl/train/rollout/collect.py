@@ -8,6 +8,7 @@ Held-out evaluation (:func:`evaluate`) can show its progress on stderr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from math import comb
 
 import numpy as np
@@ -17,6 +18,7 @@ from horizonrl.agents.registry import AgentSpec, make_program
 from horizonrl.credit import flatten_rollouts
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
+from horizonrl.models.chat import CHECK_FIRST_EPISODES
 from horizonrl.train.rollout.progress import EvalProgress, eval_progress_on, watched
 from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout, saved_tokens
 from horizonrl.trajectory.rows import side_session_overlap
@@ -43,6 +45,10 @@ def collect_groups(
     ``progress`` is told of every generation and finished episode (:func:`watched`).
     """
     spec = spec or AgentSpec(renderer=renderer, params=params, limits=limits, make_env=make_env)
+    # rollout.check_tokens unset: the first episodes of a fresh run's first step ("s0-") are checked,
+    # chosen by index so that the same episodes are checked whatever the timing, and never on --resume
+    first = tag == "s0-" and getattr(spec.renderer, "checks_by_default", False)
+    checked = replace(spec, renderer=spec.renderer.checking()) if first else None
     envs, programs, groups = [], [], []
     try:
         for i, task in enumerate(tasks):
@@ -51,7 +57,8 @@ def collect_groups(
             for k in range(group_size):
                 env = make_env()
                 envs.append(env)
-                program = make_program(agent, env, task, spec, uid=f"{gid}-{k}", group_id=gid)
+                use = checked if checked is not None and len(programs) < CHECK_FIRST_EPISODES else spec
+                program = make_program(agent, env, task, use, uid=f"{gid}-{k}", group_id=gid)
                 programs.append(program if progress is None else watched(program, progress, i))
         rollouts = drive(engine, programs)
     finally:
