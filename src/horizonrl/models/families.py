@@ -53,6 +53,16 @@ class Family:
     stop_tokens: tuple[str, ...] = field(
         default=(), metadata={"help": "stop tokens besides the end-of-turn token"}
     )
+    tool_role: bool = field(
+        default=True,
+        metadata={
+            "help": "the template renders tool messages (Gemma 3's has no tool role: they are refused)"
+        },
+    )
+    unsupported: str = field(
+        default="",
+        metadata={"help": "why the family cannot be rendered token-exactly yet (non-empty: refused by name)"},
+    )
     tool_reply_tags: tuple[str, str] | None = field(
         default=None,
         metadata={
@@ -117,6 +127,33 @@ register_family(
         tool_format="qwen",
         detect=lambda t: "<|im_start|>" in t and ("<tool_call>\\n{" in t or "<tool_call>\n{" in t),
         about="Qwen2 / Qwen2.5 instruct: ChatML, Hermes tool calls with newlines",
+    )
+)
+register_family(
+    Family(
+        "gemma3",
+        tool_format="hermes",
+        detect=lambda t: "<start_of_turn>" in t,
+        stop_tokens=("<eos>",),
+        tool_role=False,
+        about="Gemma 3 instruct: <start_of_turn>user/model turns ending in <end_of_turn>; the template folds "
+        "the system message into the first user turn, trims every message, and has no tool role (tool "
+        "messages are refused; replies as the user work) and no tool rendering (Hermes tool calls as "
+        "horizonrl's tool prompt teaches them)",
+    )
+)
+register_family(
+    Family(
+        "mistral",
+        tool_format="mistral",
+        detect=lambda t: "[INST]" in t,
+        unsupported="no Mistral vocabulary and chat template can be checked offline here, its tool calls "
+        "carry 9-character ids that structured calls do not have, and Mistral 7B v0.3's template moves the "
+        "system message to the last user turn (it rewrites earlier turns). The tool format 'mistral' reads "
+        "its [TOOL_CALLS] output; to train it with horizonrl's Hermes tool prompt instead, set "
+        "model.family: chatml (the template is still checked when the renderer is built)",
+        about="Mistral instruct ([INST] ... [/INST]): not supported yet, the renderer refuses it and says "
+        "why; the tool format 'mistral' reads its [TOOL_CALLS] output",
     )
 )
 register_family(

@@ -22,11 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["TemplateRewritesHistory", "describe_difference", "probe_history"]
+__all__ = [
+    "TemplateCannotRender",
+    "TemplateRewritesHistory",
+    "describe_difference",
+    "probe_history",
+    "template_errors",
+]
 
 
 class TemplateRewritesHistory(ValueError):
     """A chat template renders an earlier turn differently once more messages follow it."""
+
+
+class TemplateCannotRender(ValueError):
+    """A chat template raises on a conversation (Gemma 3's on a tool message, or two user turns in a row)."""
 
 
 #: A named part of an id sequence: ``(end, name)``; a part runs from the previous part's end.
@@ -74,7 +84,7 @@ def base_parts(renderer: Any, before_assistant_ids: Sequence[int], tools=None) -
     return [(n, "system and first user turns (rendered together)")]
 
 
-def _template_errors() -> tuple[type[BaseException], ...]:
+def template_errors() -> tuple[type[BaseException], ...]:
     try:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -85,10 +95,13 @@ def _template_errors() -> tuple[type[BaseException], ...]:
 def probe_history(renderer: Any) -> None:
     """Refuse (:class:`TemplateRewritesHistory`) a template that rewrites earlier turns beyond the
     family's history rule; see the module docstring."""
+    if not renderer.family.tool_role:
+        _probe(renderer, "user")
+        return
     try:
         _probe(renderer, "tool")
-    except _template_errors():
-        _probe(renderer, "user")  # no tool role: the reply as a user message
+    except TemplateCannotRender:  # a template without a tool role: the reply as a user message
+        _probe(renderer, "user")
 
 
 def _probe(r: Any, reply_role: str) -> None:
