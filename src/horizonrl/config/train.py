@@ -78,6 +78,13 @@ class TrainConfig(_Section):
         "train.eval_samples episodes",
     )
     save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", ge=0, resume=True)
+    no_signal_steps: int = opt(
+        3,
+        "warn (progress line and log) once this many steps in a row had >= 95% of their groups with zero "
+        "advantage (train/zero_adv_group_rate; train/no_signal_steps counts the streak); 0 = off",
+        ge=0,
+        resume=True,
+    )
     keep_checkpoints: int = opt(2, "checkpoints kept on disk", ge=1, resume=True)
     save_rollouts: bool = opt(True, "write each step's rollouts to rollouts/step_N.jsonl", resume=True)
     max_gen_tokens: int = opt(

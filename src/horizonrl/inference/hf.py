@@ -31,7 +31,16 @@ from transformers import DynamicCache
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.hf_stream import HFStream, open_hf_stream
+from horizonrl.inference.precision import sampling_copy, sampling_dtype
 from horizonrl.inference.seeding import draw_seeds, seeded_uniforms
+from horizonrl.inference.shared_prefix import (
+    ATTENTION,
+    PrefixCache,
+    attention_as,
+    common_prefix_len,
+    supports_shared_prefix,
+    weights_version,
+)
 from horizonrl.inference.stops import StopWatcher, as_id_set
 
 __all__ = ["HFEngine"]
@@ -90,6 +99,13 @@ class HFEngine(Engine):
         prefix_reuse: under the asynchronous driver (continuous batching, :mod:`.hf_stream`), keep each
             rollout's latest KV cache for its next prompt, which then prefills only what it adds
             (:mod:`.prefix_store`).
+        shared_prefix: in :meth:`generate`, prefill the longest common prefix of the call's prompts once
+            (kept across calls while it still fits and the weights are unchanged) and let every row attend
+            to that one copy (:mod:`.shared_prefix`); used when it is at least ``shared_prefix_min``
+            tokens and the model supports it.
+        shared_prefix_min: the shortest common prefix worth sharing.
+        dtype: sample from a copy of ``model`` in this dtype (``"bfloat16"``; :mod:`.precision`) that
+            :meth:`sync` refreshes from ``model``; None samples from ``model`` itself.
     """
 
     supports_top_logprobs = True
@@ -109,17 +125,28 @@ class HFEngine(Engine):
         seed: int = 0,
         compact_fraction: float = 0.25,
         prefix_reuse: bool = True,
+        shared_prefix: bool = False,
+        shared_prefix_min: int = 32,
+        dtype: str | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if device is not None:
             model.to(device)
+        #: The model whose weights ``sync()`` copies into ``self.model`` (None: they are the same).
+        self.follow = None
+        cast = sampling_dtype(model, dtype, device)
+        if cast is not None:
+            self.follow, model = model, sampling_copy(model, cast)
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
         self.prefix_reuse = bool(prefix_reuse)
+        self.shared_prefix = bool(shared_prefix) and supports_shared_prefix(model)
+        self.shared_prefix_min = max(1, int(shared_prefix_min))
+        self._prefix: PrefixCache | None = None
         eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
         eos |= as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         #: Token ids that end a generation (tokenizer + generation config); public, may be replaced.
@@ -153,15 +180,39 @@ class HFEngine(Engine):
         """Continuous batching over this engine (:mod:`horizonrl.inference.hf_stream`)."""
         return open_hf_stream(self)
 
-    def _forward(self, ids, mask, pos, cache=None, keep: int = 0) -> torch.Tensor:
-        """Logits of the last ``keep`` positions (all if 0)."""
+    def _forward(self, ids, mask, pos, cache=None, keep: int = 0, prefix: PrefixCache | None = None):
+        """Logits of the last ``keep`` positions (all if 0); with ``prefix``, every row attends to that
+        shared prefix before its own cache (``pos`` then counts from the prefix's length)."""
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=cache is not None)
         if cache is not None:
             kwargs[self._cache_kw] = cache
         if keep and self._keep_kw:
             kwargs[self._keep_kw] = keep
-        logits = self.model(**kwargs).logits
+        if prefix is None:
+            logits = self.model(**kwargs).logits
+        else:
+            with attention_as(self.model, ATTENTION):
+                logits = self.model(**kwargs, prefix_kv=prefix.kv).logits
         return logits[:, -keep:] if keep else logits
+
+    def _shared_prefix(self, prompts: Sequence[Sequence[int]]) -> PrefixCache | None:
+        """The shared prefix of ``prompts`` (module docstring of :mod:`.shared_prefix`), or None."""
+        if not self.shared_prefix:
+            return None
+        version = weights_version(self.model)
+        if self._prefix is not None and self._prefix.fits(prompts, version):
+            return self._prefix
+        n = min(common_prefix_len(prompts), min(len(p) for p in prompts) - 1)
+        if n < self.shared_prefix_min:
+            return None
+        ids = tuple(int(t) for t in prompts[0][:n])
+        cache = self._new_cache()
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device)[None]
+        self._forward(x, torch.ones_like(x), pos, cache, keep=1)
+        kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+        self._prefix = PrefixCache(ids, kv, version)
+        return self._prefix
 
     def _new_cache(self) -> DynamicCache:
         try:
@@ -267,6 +318,7 @@ class HFEngine(Engine):
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: dict[int, Generation] = {}
         with eval_mode(self.model):
+            prefix = self._shared_prefix(prompts)
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 stop_early = None
@@ -277,7 +329,7 @@ class HFEngine(Engine):
                 chunk_seeds = None if seeds is None else [int(seeds[i]) for i in chunk]
                 chunk_done = None if generated is None else [int(generated[i]) for i in chunk]
                 gens = self._generate_chunk(
-                    [prompts[i] for i in chunk], params, stop_early, chunk_seeds, chunk_done
+                    [prompts[i] for i in chunk], params, stop_early, chunk_seeds, chunk_done, prefix
                 )
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
@@ -289,13 +341,16 @@ class HFEngine(Engine):
         interrupt: Callable[[int, list[int]], bool] | None = None,
         seeds: list[int] | None = None,
         generated: list[int] | None = None,
+        prefix: PrefixCache | None = None,
     ) -> list[Generation]:
         n = len(prompts)
         matchers = None if params.grammar is None else self._matchers(params.grammar, prompts, generated)
         seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
-        ids, mask, pos = left_pad(prompts, self.pad_id, self.device)
+        skip = len(prefix.ids) if prefix is not None else 0
+        ids, mask, pos = left_pad([p[skip:] for p in prompts], self.pad_id, self.device)
+        pos = pos + skip
         cache = self._new_cache()
-        logits = self._forward(ids, mask, pos, cache, keep=1)[:, -1]
+        logits = self._forward(ids, mask, pos, cache, keep=1, prefix=prefix)[:, -1]
         next_pos = pos[:, -1:] + 1
         out_ids: list[list[int]] = [[] for _ in range(n)]
         reasons = ["length"] * n
@@ -351,7 +406,7 @@ class HFEngine(Engine):
                 tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
                 rows, live = [rows[r] for r in keep], [True] * len(keep)
             mask = torch.cat([mask, ones[: len(rows)]], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_pos, cache, keep=1)[:, -1]
+            logits = self._forward(tokens[:, None], mask, next_pos, cache, keep=1, prefix=prefix)[:, -1]
             next_pos = next_pos + 1
         flat = torch.cat([lp for _, lp in steps]).tolist() if steps else []
         top_lp = torch.cat([t[0] for t in tops]).tolist() if tops else []
@@ -442,9 +497,16 @@ class HFEngine(Engine):
         return out
 
     def sync(self, state_dict: Mapping | None = None) -> None:
-        """Load ``state_dict`` into the engine's model (a separate copy); no-op when None (shared model)."""
-        if state_dict is not None:
-            self.model.load_state_dict(state_dict)
+        """Load ``state_dict`` into the engine's model (a separate copy); with None, copy the weights of
+        the model it follows (``dtype``: the float32 model, cast), or nothing (shared model)."""
+        with torch.no_grad():
+            if state_dict is not None and self.follow is not None:
+                self.follow.load_state_dict(state_dict)
+            if state_dict is None and self.follow is not None:
+                state_dict = self.follow.state_dict()
+            if state_dict is not None:
+                self.model.load_state_dict(state_dict)
+        self._prefix = None
 
     def state_dict(self) -> Mapping[str, torch.Tensor]:
         """The weights the engine samples from."""

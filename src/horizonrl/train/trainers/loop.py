@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from horizonrl.errors import NonFiniteError
+from horizonrl.train.records.signal import STREAK_KEY, SignalWatch
 
 
 class Trainer:
@@ -79,10 +80,14 @@ class Trainer:
             return self.evaluate()
 
     def postfix(self, m: dict[str, Any]) -> dict[str, str]:
-        return {
+        out = {
             "reward": f"{m.get('reward/mean', 0.0):.2f}",
             "ratio": f"{m.get('train/ratio_geomean', 1.0):.4f}",
         }
+        streak = m.get(STREAK_KEY, 0.0)
+        if streak >= max(1, self.cfg.train.no_signal_steps):
+            out["signal"] = f"none for {int(streak)} steps"
+        return out
 
     def fit(self, progress_cb=None) -> list[dict[str, Any]]:
         """Train until :meth:`has_more` is false; returns every logged record."""
@@ -90,6 +95,7 @@ class Trainer:
         records = []
         if self.step == 0 and cfg.eval_at_start:
             records.append(self.logger.log(0, self._evaluate()))
+        watch = SignalWatch(patience=cfg.no_signal_steps)
         bar = None
         if cfg.progress:
             from tqdm import tqdm
@@ -102,6 +108,7 @@ class Trainer:
                 m = self.advance()
             except NonFiniteError as e:  # name the step; nothing of it is logged or saved
                 raise NonFiniteError(f"{self.unit} {step}: {e}") from None
+            watch.observe(self.step, m)
             last = not self.has_more()
             fraction = self._fraction_due()
             if last or self.eval_due() or fraction:

@@ -1,0 +1,201 @@
+"""SmolLM2-135M-Instruct rollout speed: the HF engine's settings side by side, and ``model.generate``.
+
+Records the generation calls of one real rollout step of the packaged ``smollm2_math_python.yaml``
+(``--tasks`` tasks x 8 episodes, few-shot preamble, every turn), then replays exactly those calls (the
+same prompts, each call's longest generation as its length for every row, ``ignore_eos``) under each
+setting, so every setting does the same work:
+
+- ``generate``: transformers' ``model.generate`` in float32, sampling, the same prompts (left-padded),
+  batches of the same size (the reference);
+- ``fp32``: the engine as it was before (float32, no shared prefix, batches of 16);
+- ``+bf16``: sampling from a bfloat16 copy (``inference.params.dtype=bfloat16``);
+- ``+prefix``: the shared static prefix (``inference.params.shared_prefix=true``);
+- ``+batch``: all of a call's rows in one batch (``rollout.max_batch_size`` as the packaged config).
+
+Each setting runs in its own subprocess with ``--threads`` torch threads; generated tokens/s and the ratio
+to ``fp32`` and to ``generate`` are printed. A second part (``--parts step``) times one whole rollout step
+of the packaged config as it is now (its own sampled lengths) for the before/after settings.
+
+Example (about 10 minutes on 2 cores; nothing else should run meanwhile)::
+
+    PYTHONPATH=src python benchmarks/smollm2_rollout.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+#: (name, inference.params, max batch size; None = the packaged config's) per replayed setting.
+SETTINGS = [
+    ("fp32", {}, 16),
+    ("+bf16", {"dtype": "bfloat16"}, 16),
+    ("+prefix", {"dtype": "bfloat16", "shared_prefix": True}, 16),
+    ("+batch", {"dtype": "bfloat16", "shared_prefix": True}, None),
+]
+BEFORE = ["inference.params={}", "rollout.max_batch_size=16"]
+
+
+def _config(overrides):
+    from horizonrl.config import load_config
+
+    path = resources.files("horizonrl") / "configs" / "smollm2_math_python.yaml"
+    return load_config(str(path), ["model.device=cpu", "train.progress=false", *overrides])
+
+
+def _trainer(job, out):
+    from horizonrl.train.trainers.group import GroupTrainer
+
+    cfg = _config(
+        [
+            f"rollout.tasks_per_step={job['tasks']}",
+            "train.steps=1",
+            "train.eval_every=0",
+            "train.eval_at_start=false",
+            "env.test_tasks=1",
+            "train.save_every=0",
+            f"train.out_dir={out}",
+            *job.get("overrides", []),
+        ]
+    )
+    return GroupTrainer(cfg)
+
+
+def _record(job) -> dict:
+    """Run one rollout step and return its generation calls: prompts and the longest generation."""
+    with tempfile.TemporaryDirectory() as out:
+        tr = _trainer(job, out)
+        calls = []
+        inner = tr.engine.generate
+
+        def recording(prompts, params, **kw):
+            gens = inner(prompts, params, **kw)
+            calls.append({"prompts": [list(p) for p in prompts], "new": max(len(g.ids) for g in gens)})
+            return gens
+
+        tr.engine.generate = recording
+        tr.collect(tr.task_rng.sample(tr.train_tasks, job["tasks"]))
+        return {"calls": calls, "batch": tr.cfg.rollout.max_batch_size}
+
+
+def _replay(job) -> dict:
+    import torch
+
+    from horizonrl.inference import SamplingParams, make_engine
+    from horizonrl.inference.batching import left_pad
+    from horizonrl.models.loading import load_smollm2
+
+    model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
+    calls = json.loads(Path(job["calls"]).read_text())
+    batch = job["batch"]
+    n_tok, t0 = 0, time.perf_counter()
+    if job["name"] == "generate":
+        model.generation_config.pad_token_id = tok.pad_token_id
+        for c in calls:
+            for lo in range(0, len(c["prompts"]), batch):
+                ids, mask, _ = left_pad(c["prompts"][lo : lo + batch], tok.pad_token_id, "cpu")
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_p=1.0,
+                    top_k=0,
+                    max_new_tokens=c["new"],
+                    min_new_tokens=c["new"],
+                )
+                n_tok += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    else:
+        engine = make_engine(
+            "hf", model, tok, device="cpu", max_batch_size=batch, seed=0, params=job["params"]
+        )
+        for c in calls:
+            params = SamplingParams(temperature=1.0, max_new_tokens=c["new"], ignore_eos=True)
+            gens = engine.generate(c["prompts"], params)
+            n_tok += sum(len(g.ids) for g in gens)
+    dt = time.perf_counter() - t0
+    return {"tokens": n_tok, "s": dt, "threads": torch.get_num_threads()}
+
+
+def _step(job) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        tr = _trainer(job, out)
+        t0 = time.perf_counter()
+        groups = tr.collect(tr.task_rng.sample(tr.train_tasks, job["tasks"]))
+        dt = time.perf_counter() - t0
+    n = sum(r.num_response_tokens for g in groups for r in g.rollouts)
+    return {"tokens": n, "s": dt}
+
+
+def _run(job: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"job {job.get('name', job['part'])} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="replay,step", help="comma-separated: replay, step")
+    ap.add_argument("--tasks", type=int, default=2, help="tasks of the recorded step (x 8 episodes)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        job = json.loads(args.child)
+        import torch
+
+        torch.set_num_threads(job["threads"])
+        print(json.dumps({"record": _record, "replay": _replay, "step": _step}[job["part"]](job)))
+        return
+    parts = set(args.parts.split(","))
+    base = {"tasks": args.tasks, "threads": args.threads}
+    if "replay" in parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            rec = _run({**base, "part": "record"})
+            path = Path(tmp) / "calls.json"
+            path.write_text(json.dumps(rec["calls"]))
+            rows = sum(len(c["prompts"]) for c in rec["calls"])
+            mean_prompt = sum(len(p) for c in rec["calls"] for p in c["prompts"]) / rows
+            print(
+                f"replay: {len(rec['calls'])} generation calls of one step ({args.tasks} tasks x 8), {rows} "
+                f"rows, mean prompt {mean_prompt:.0f} tokens, {args.threads} threads"
+            )
+            res = {}
+            for name, params, batch in [("generate", {}, 16), *SETTINGS]:
+                job = {**base, "part": "replay", "name": name, "params": params, "calls": str(path)}
+                r = res[name] = _run({**job, "batch": batch or rec["batch"]})
+                tps = r["tokens"] / r["s"]
+                print(
+                    f"  {name:9s} {r['tokens']:6d} tokens {r['s']:7.1f} s {tps:7.1f} tok/s   "
+                    + (
+                        f"x{tps / (res['fp32']['tokens'] / res['fp32']['s']):.2f} fp32  "
+                        if "fp32" in res
+                        else ""
+                    )
+                    + f"x{tps / (res['generate']['tokens'] / res['generate']['s']):.2f} generate",
+                    flush=True,
+                )
+    if "step" in parts:
+        print(f"step: one rollout step of the packaged config ({args.tasks} tasks x 8), sampled lengths")
+        res = {}
+        for name, ov in (("before", BEFORE), ("packaged", [])):
+            r = res[name] = _run({**base, "part": "step", "overrides": ov})
+            print(
+                f"  {name:9s} {r['tokens']:6d} tokens {r['s']:7.1f} s {r['tokens'] / r['s']:7.1f} tok/s",
+                flush=True,
+            )
+        a, b = res["before"], res["packaged"]
+        print(f"  packaged / before: x{(b['tokens'] / b['s']) / (a['tokens'] / a['s']):.2f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
