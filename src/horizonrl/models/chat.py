@@ -30,6 +30,7 @@ Structured assistant tool calls are written in the family's tool syntax.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -104,7 +105,6 @@ class ChatRenderer:
         self._check_tokens: bool | None = False
         self._warned_mismatch = False
         self._supports_tools: bool | None = None
-        self._user_frame_cache: tuple[tuple[str, str] | None] | None = None
         self._base_text = self._render(list(_BASE), add_generation_prompt=False)
         self.end_of_turn_text = self._find_end_of_turn()
         self.eos_id: int = tokenizer.convert_tokens_to_ids(self.end_of_turn_text)
@@ -303,7 +303,7 @@ class ChatRenderer:
 
         The thinking comes from ``reasoning_content`` (OpenAI-style servers, most SFT traces) or from a
         think block at the start of ``content``; a family with thinking (Qwen3) writes it as its template
-        does, ``<think>\n`` + thinking stripped of newlines + ``\n</think>\n\n``, and the visible content
+        does, ``<think>\\n`` + thinking stripped of newlines + ``\\n</think>\\n\\n``, and the visible content
         with its leading newlines removed. An empty ``reasoning_content`` is no thinking (the template
         renders none for a turn that is followed by another message). A family without thinking refuses
         a non-empty ``reasoning_content``: its template would drop it, and silently training without it
@@ -398,11 +398,11 @@ class ChatRenderer:
         A family with ``tool_reply_tags`` (Qwen3) takes a user message whose content starts with the first
         tag and ends with the second for a tool reply, as its template does; tool messages render as
         such a user message, so one rule covers both. The user messages are found with the template's own
-        user-turn framing (:meth:`_user_frame`, from a probe rendering); a template whose framing cannot
+        user-turn framing (:attr:`_user_frame`, from a probe rendering); a template whose framing cannot
         be found treats every user message as a query.
         """
         tags = self.family.tool_reply_tags
-        frame = self._user_frame()
+        frame = self._user_frame
         if tags is None or frame is None:
             return True
         head, tail = frame
@@ -410,16 +410,15 @@ class ChatRenderer:
         contents = [part.split(tail, 1)[0] for part in text.split(head)[1:]]
         return not contents or any(not (c.startswith(tags[0]) and c.endswith(tags[1])) for c in contents)
 
+    @functools.cached_property
     def _user_frame(self) -> tuple[str, str] | None:
         """``(head, tail)``: the text the template writes before and after a user message's content in a
-        continuation (``<|im_start|>user\n`` and ``<|im_end|>`` for ChatML), or None if not found."""
-        if self._user_frame_cache is None:
-            mark = "USER-PROBE-7f3a"
-            before, found, after = self.continuation_text([{"role": "user", "content": mark}]).partition(mark)
-            head, eot = before.lstrip("\n"), self.end_of_turn_text
-            tail = after[: after.index(eot) + len(eot)] if eot in after else ""
-            self._user_frame_cache = ((head, tail) if found and head and tail else None,)
-        return self._user_frame_cache[0]
+        continuation (``<|im_start|>user\\n`` and ``<|im_end|>`` for ChatML), or None if not found."""
+        mark = "USER-PROBE-7f3a"
+        before, found, after = self.continuation_text([{"role": "user", "content": mark}]).partition(mark)
+        head, eot = before.lstrip("\n"), self.end_of_turn_text
+        tail = after[: after.index(eot) + len(eot)] if eot in after else ""
+        return (head, tail) if found and head and tail else None
 
     def _empty_think(self, ids: Sequence[int], region: tuple[int, int]) -> bool:
         span = list(ids[region[0] : region[1]])
