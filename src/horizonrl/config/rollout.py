@@ -59,8 +59,8 @@ class RolloutConfig(_Section):
         None,
         "compare kept prompts with a fresh rendering of the conversation and report the first token "
         "where they differ (rollout/token_mismatch, a warning; costs one rendering per turn): true every "
-        "episode, false none; unset (the default) the first 8 episodes of each process, so a template "
-        "that rewrites earlier turns never trains unreported",
+        "episode, false none; unset (the default) the first 8 episodes of a fresh run's first step (group "
+        "trainer), so a template that rewrites earlier turns never trains unreported",
     )
     driver: str = opt(
         "sync",
