@@ -13,7 +13,7 @@ import torch
 from horizonrl.errors import ConfigError
 from horizonrl.models.tiny import TinyModelConfig, build_tiny_model
 from horizonrl.train.update.batching import collate, token_logprobs
-from horizonrl.train.update.chunks import forwarded_tokens, tree_chunks, update_chunks
+from horizonrl.train.update.chunks import forward_cost, forwarded_tokens, tree_chunks, update_chunks
 from horizonrl.train.update.lean import ForwardOptions
 from horizonrl.train.update.ppo import UpdateSettings, ppo_update, score_rows
 from horizonrl.train.update.tree import (
@@ -250,6 +250,26 @@ def test_trees_are_kept_only_where_they_save_tokens():
     few = [[1, *range(100, 119)], [1, *range(200, 219)]]
     assert forwarded_tokens(few, tree_chunks(few, FREE, 100)) == 39
     assert update_chunks(few, 100, cost=FREE) == update_chunks(few, 100) == [([0, 1], None)]
+
+
+def test_trees_are_chosen_by_cost_not_tokens():
+    # A group: 8 rows sharing a 10-token prompt, each with 10 tokens of its own.
+    seqs = [[1, *range(2, 11), *range(100 * r, 100 * r + 10)] for r in range(1, 9)]
+    tree = [(list(range(8)), [8])]  # one tree of 10 + 8 x 10 = 90 nodes
+    plain = [(list(range(8)), None)]  # 8 rows x 20
+    assert tree_tokens(seqs, tree[0][0]) == 90
+    linear = TreeCost(per_token=10.0, per_pair=1.0)
+    # By hand: tree 90 x 10 + 90^2 = 9000; plain 8 x (20 x 10 + 20^2) = 4800; packed 160 x 10 + 160^2.
+    assert forward_cost(seqs, tree, linear) == 9000
+    assert forward_cost(seqs, plain, linear) == 4800
+    assert forward_cost(seqs, plain, linear, packed=True) == 160 * 10 + 160**2
+    # 90 tokens instead of 160 would pass a token count; the dense mask's attention makes it dearer.
+    assert forwarded_tokens(seqs, tree) <= 0.95 * forwarded_tokens(seqs, plain)
+    assert update_chunks(seqs, 1000, cost=linear)[0][1] is None
+    # A model whose tokens cost much more than its pairs (a wide layer): the tree pays.
+    wide = TreeCost(per_token=1000.0, per_pair=1.0)
+    assert forward_cost(seqs, tree, wide) < 0.95 * forward_cost(seqs, plain, wide)
+    assert update_chunks(seqs, 1000, cost=wide) == [(sorted(range(8), key=lambda i: seqs[i]), [8])]
 
 
 def test_models_that_cannot_take_a_tree_mask_train_without_trees():

