@@ -39,7 +39,15 @@ SETTINGS = [
     ("+prefix", {"dtype": "bfloat16", "shared_prefix": True}, 16),
     ("+batch", {"dtype": "bfloat16", "shared_prefix": True}, None),
 ]
-BEFORE = ["inference.params={}", "rollout.max_batch_size=16"]
+#: The packaged config as it was before (float32 sampling and update, batches of 16, pi_old from the rollout).
+BEFORE = [
+    "inference.params={}",
+    "rollout.max_batch_size=16",
+    "algo.old_logprobs=rollout",
+    "algo.tis_cap=null",
+    "train.precision=fp32",
+    "train.logprob_chunk_tokens=0",
+]
 
 
 def _config(overrides):
@@ -125,12 +133,16 @@ def _replay(job) -> dict:
 
 def _step(job) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        tr = _trainer(job, out)
-        t0 = time.perf_counter()
-        groups = tr.collect(tr.task_rng.sample(tr.train_tasks, job["tasks"]))
-        dt = time.perf_counter() - t0
-    n = sum(r.num_response_tokens for g in groups for r in g.rollouts)
-    return {"tokens": n, "s": dt}
+        m = _trainer(job, out).train_step()
+    n = m["throughput/tokens_per_s"] * m["time/rollout_s"]
+    return {
+        "tokens": round(n),
+        "s": m["time/rollout_s"],
+        "update_s": m["time/update_s"],
+        "trained": m["train/trainable_tokens"],
+        "ratio": m.get("train/ratio_geomean", 1.0),
+        "reward": m["reward/mean"],
+    }
 
 
 def _run(job: dict) -> dict:
@@ -185,16 +197,22 @@ def main() -> None:
                     flush=True,
                 )
     if "step" in parts:
-        print(f"step: one rollout step of the packaged config ({args.tasks} tasks x 8), sampled lengths")
+        print(f"step: one GRPO step of the packaged config ({args.tasks} tasks x 8), its own sampled lengths")
         res = {}
         for name, ov in (("before", BEFORE), ("packaged", [])):
             r = res[name] = _run({**base, "part": "step", "overrides": ov})
             print(
-                f"  {name:9s} {r['tokens']:6d} tokens {r['s']:7.1f} s {r['tokens'] / r['s']:7.1f} tok/s",
+                f"  {name:9s} rollout {r['tokens']:6d} tokens {r['s']:6.1f} s "
+                f"{r['tokens'] / r['s']:6.1f} tok/s  "
+                f"update {r['update_s']:6.1f} s ({r['trained'] / r['update_s']:5.0f} trained tok/s)  "
+                f"ratio {r['ratio']:.4f}  reward {r['reward']:.3f}",
                 flush=True,
             )
         a, b = res["before"], res["packaged"]
-        print(f"  packaged / before: x{(b['tokens'] / b['s']) / (a['tokens'] / a['s']):.2f} tok/s")
+        print(
+            f"  packaged / before: rollout x{(b['tokens'] / b['s']) / (a['tokens'] / a['s']):.2f} tok/s, "
+            f"update x{(b['trained'] / b['update_s']) / (a['trained'] / a['update_s']):.2f} trained tok/s"
+        )
 
 
 if __name__ == "__main__":

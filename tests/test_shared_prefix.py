@@ -44,9 +44,11 @@ def _reference(q, pk, pv, k, v, mask, scale):
 
 
 class _Layer(torch.nn.Module):
-    def __init__(self, idx):
+    """What the attention function reads of a transformers attention module."""
+
+    def __init__(self, idx, groups=3):
         super().__init__()
-        self.layer_idx = idx
+        self.layer_idx, self.num_key_value_groups, self.is_causal = idx, groups, True
 
 
 @pytest.mark.parametrize("t", [1, 5])

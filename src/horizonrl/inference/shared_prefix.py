@@ -57,6 +57,10 @@ def prefix_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention over ``[shared prefix | the row's own cache]`` (module docstring).
 
+    A decode step (one query per row) runs the two-part softmax, reading the prefix once for all rows; a
+    prefill (several queries per row) runs ``sdpa`` over the prefix expanded to the batch and the
+    suffix, whose fused kernel is faster there than materializing the scores.
+
     ``query`` ``[B, Hq, T, D]``; ``key``/``value`` ``[B, Hkv, S, D]`` (the suffix cache);
     ``attention_mask`` the boolean ``[B, 1, T, S]`` mask of the suffix (True = attend) or None (causal);
     ``prefix_kv[layer]`` the prefix's ``(keys, values)``, each ``[Hkv, L, D]``. Returns
@@ -78,6 +82,18 @@ def prefix_attention(
         attention_mask = (torch.arange(s, device=query.device)[None, :] <= rows)[None, None]
     if attention_mask.dtype != torch.bool:  # an additive float mask: 0 = attend
         attention_mask = attention_mask == 0
+    if t > 1:  # prefill: many queries per row, where sdpa's fused kernel beats the two-part softmax
+        ones = torch.ones((*attention_mask.shape[:-1], pk.shape[1]), dtype=torch.bool, device=query.device)
+        return sdpa_attention_forward(
+            module,
+            query,
+            torch.cat([pk[None].expand(b, -1, -1, -1), key], dim=2),
+            torch.cat([pv[None].expand(b, -1, -1, -1), value], dim=2),
+            torch.cat([ones, attention_mask], dim=-1).expand(b, -1, -1, -1),
+            dropout=dropout,
+            scaling=scaling,
+            **kwargs,
+        )
     mask = attention_mask.expand(b, 1, t, s)[:, :, None].expand(b, 1, g, t, s).reshape(b, 1, g * t, s)
     q = query.reshape(b, hkv, g * t, d)
     s_suf = torch.matmul(q, key.transpose(-1, -2)).float().mul_(scale).masked_fill_(~mask, float("-inf"))
