@@ -51,26 +51,34 @@ def _plain_chunks(seqs: Sequence[Sequence[int]], budget: int, world, packed: boo
     return [None if c is None else ([order[p] for p in c], None) for c in chunks]
 
 
-def forwarded_tokens(
-    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], *, packed: bool = False
-) -> int:
-    """Tokens the forwards of ``chunks`` process, padding included: rows x longest row (``packed``: the
-    rows' lengths), or for a forest trees x largest tree."""
-    total = 0
+def _forwards(
+    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], packed: bool
+) -> list[tuple[int, int]]:
+    """``(sequences, width)`` of each chunk's forward: rows x longest row (``packed``: one sequence of the
+    rows' tokens), or for a forest trees x largest tree."""
+    out = []
     for chunk in chunks:
         if chunk is None:
             continue
         pos, trees = chunk
         if trees is None:
             lengths = [len(seqs[i]) for i in pos]
-            total += sum(lengths) if packed else len(lengths) * max(lengths)
+            out.append((1, sum(lengths)) if packed else (len(lengths), max(lengths)))
             continue
         sizes, start = [], 0
         for n in trees:
             sizes.append(tree_tokens(seqs, pos[start : start + n]))
             start += n
-        total += len(sizes) * max(sizes)
-    return total
+        out.append((len(sizes), max(sizes)))
+    return out
+
+
+def forwarded_tokens(
+    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], *, packed: bool = False
+) -> int:
+    """Tokens the forwards of ``chunks`` process, padding included: rows x longest row (``packed``: the
+    rows' lengths), or for a forest trees x largest tree."""
+    return sum(count * width for count, width in _forwards(seqs, chunks, packed))
 
 
 def forward_cost(
@@ -79,21 +87,7 @@ def forward_cost(
     """FLOPs of the forwards of ``chunks`` by ``cost``: a padded micro-batch is rows x ``cost.tree(longest
     row)`` (a causal row is costed like a tree of its tokens), a packed one ``cost.tree(its tokens)`` (the
     masked attention spans the whole pack on CPU), a forest trees x ``cost.tree(largest tree)``."""
-    total = 0.0
-    for chunk in chunks:
-        if chunk is None:
-            continue
-        pos, trees = chunk
-        if trees is None:
-            lengths = [len(seqs[i]) for i in pos]
-            total += cost.tree(sum(lengths)) if packed else len(lengths) * cost.tree(max(lengths))
-            continue
-        sizes, start = [], 0
-        for n in trees:
-            sizes.append(tree_tokens(seqs, pos[start : start + n]))
-            start += n
-        total += len(sizes) * cost.tree(max(sizes))
-    return total
+    return sum(count * cost.tree(width) for count, width in _forwards(seqs, chunks, packed))
 
 
 def rank_chunks(
