@@ -57,3 +57,10 @@ class SignalWatch:
         )
         warnings.warn(text, HorizonWarning, stacklevel=2)
         return text
+
+    def state(self) -> dict[str, int]:
+        """The streak for a checkpoint (:meth:`load` restores it)."""
+        return {"streak": self.streak, "warned": int(self.warned)}
+
+    def load(self, state: dict) -> None:
+        self.streak, self.warned = int(state.get("streak", 0)), bool(state.get("warned", 0))

@@ -203,6 +203,7 @@ class GroupTrainer(Trainer):
             "budget": self.budget.state(),
             "evals_done": list(self.evals_done),
             "threads": torch.get_num_threads(),
+            "signal": self.signal_watch().state(),
             **({"async": self.async_rollouts.state()} if self.async_rollouts is not None else {}),
         }
 
@@ -249,6 +250,7 @@ class GroupTrainer(Trainer):
         self.step = int(st["step"])
         self.budget.load(st.get("budget", {}))
         self.evals_done = list(st.get("evals_done", []))
+        self.signal_watch().load(st.get("signal", {}))
         threads = st.get("threads")
         if threads is not None and threads != torch.get_num_threads():
             warnings.warn(

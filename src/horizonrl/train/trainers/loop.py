@@ -79,6 +79,13 @@ class Trainer:
         with eval_progress(self.cfg.train.progress):
             return self.evaluate()
 
+    def signal_watch(self) -> SignalWatch:
+        """The run's :class:`SignalWatch` (one per trainer; a trainer that checkpoints it resumes its
+        streak, so a resumed run logs what an uninterrupted one does)."""
+        if getattr(self, "_signal", None) is None:
+            self._signal = SignalWatch(patience=self.cfg.train.no_signal_steps)
+        return self._signal
+
     def postfix(self, m: dict[str, Any]) -> dict[str, str]:
         out = {
             "reward": f"{m.get('reward/mean', 0.0):.2f}",
@@ -95,7 +102,7 @@ class Trainer:
         records = []
         if self.step == 0 and cfg.eval_at_start:
             records.append(self.logger.log(0, self._evaluate()))
-        watch = SignalWatch(patience=cfg.no_signal_steps)
+        watch = self.signal_watch()
         bar = None
         if cfg.progress:
             from tqdm import tqdm
