@@ -107,3 +107,27 @@ def test_a_run_without_signal_says_so(tmp_path):
     assert [r[STREAK_KEY] for r in records] == [1, 2, 3, 4]
     assert t.postfix(records[-1])["signal"] == "none for 4 steps"
     assert "signal" not in t.postfix(records[0])
+
+
+def test_sync_driver_with_env_threads_samples_what_one_thread_does(tiny_model_dir, tmp_path):
+    def rollouts(threads):
+        cfg = load_config(
+            None,
+            arith_run_overrides(
+                tiny_model_dir,
+                tmp_path / f"t{threads}",
+                "train.steps=1",
+                f"rollout.sync_env_threads={threads}",
+            ),
+        )
+        trainer = GroupTrainer(cfg)
+        assert getattr(trainer.rollout_engine, "program_threads", 1) == threads
+        groups = trainer.collect(trainer.task_rng.sample(trainer.train_tasks, 2))
+        return [
+            (r.reward, [(t.prompt_ids, t.response_ids, t.logprobs, t.observation) for t in r.turns])
+            for g in groups
+            for r in g.rollouts
+        ]
+
+    one, four = rollouts(1), rollouts(4)
+    assert one == four and len(one) == 8

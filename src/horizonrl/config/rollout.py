@@ -76,3 +76,11 @@ class RolloutConfig(_Section):
     env_threads: int = opt(
         8, "threads that resume agent programs (environment steps) under driver 'async'", ge=1, le=1024
     )
+    sync_env_threads: int = opt(
+        1,
+        "threads that resume agent programs (environment steps, e.g. sandboxed tool calls) between the "
+        "rounds of driver 'sync': one rollout per thread at a time, requests collected in the order one "
+        "thread would, so the batches and samples are those of 1 (agents/driver.py)",
+        ge=1,
+        le=1024,
+    )

@@ -66,7 +66,9 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
 
 
 def _with_driver(engine, cfg):
-    """``engine`` told which driver runs its programs (``rollout.driver``; read by ``agents.drive``)."""
+    """``engine`` told which driver runs its programs (``rollout.driver``; read by ``agents.drive``) and in
+    how many threads they resume (``rollout.env_threads`` under 'async', ``rollout.sync_env_threads``
+    under 'sync')."""
     r = cfg.rollout
     if r.driver == "async":
         if not supports_async(engine):
@@ -75,6 +77,8 @@ def _with_driver(engine, cfg):
                 f"{type(engine).__name__} does not (torchrun ranks generate in lockstep: use 'sync')"
             )
         engine.program_threads = max(int(getattr(engine, "program_threads", 1) or 1), r.env_threads)
+    elif r.sync_env_threads > 1:
+        engine.program_threads = max(int(getattr(engine, "program_threads", 1) or 1), r.sync_env_threads)
     engine.driver = r.driver
     return engine
 
