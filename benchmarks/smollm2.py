@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import tempfile
 import time
 from importlib import resources
 from pathlib import Path
+
+from horizonrl.reproduce.stats import wilson_interval as wilson
 
 LEAN = [
     "train.precision=bf16",
@@ -95,14 +96,6 @@ def _run(job: dict) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"job {job} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion ``k / n``."""
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def main() -> None:

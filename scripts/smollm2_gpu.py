@@ -23,24 +23,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
-import shutil
+import os
 import sys
 import tempfile
 import time
 from importlib import resources
 from pathlib import Path
 
+from horizonrl.reproduce.stats import wilson_interval as wilson
+
 GGUF_NAME = "smollm2.gguf"
 CACHE = Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct"
-
-
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion ``k / n``."""
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def split(gguf: Path, parts: int, out: Path) -> list[Path]:
@@ -215,5 +208,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    shutil.os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()

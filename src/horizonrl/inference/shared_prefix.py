@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from horizonrl.inference.prefix_store import common_prefix
+
 __all__ = ["ATTENTION", "PrefixCache", "common_prefix_len", "prefix_attention", "supports_shared_prefix"]
 
 #: The name the attention function is registered under (``config._attn_implementation``).
@@ -166,15 +168,12 @@ def attention_as(model: torch.nn.Module, name: str) -> Iterator[None]:
 
 
 def common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common prefix of ``prompts`` (all of them non-empty)."""
+    """Length of the longest common prefix of ``prompts`` (:func:`.prefix_store.common_prefix`, folded)."""
     first = np.asarray(prompts[0], dtype=np.int64)
-    n = min(len(p) for p in prompts)
-    if n == 0:
-        return 0
-    same = np.ones(n, dtype=bool)
+    n = len(first)
     for p in prompts[1:]:
-        same &= np.asarray(p[:n], dtype=np.int64) == first[:n]
-    return n if bool(same.all()) else int(np.argmin(same))
+        n = common_prefix(first[:n], np.asarray(p[:n], dtype=np.int64))
+    return n
 
 
 @dataclass

@@ -6,6 +6,8 @@ are compared *paired*: per seed ``d_s = p_A(s) - p_B(s)``.
 
 - :func:`t_interval` — mean of ``d`` with the two-sided 95 % Student-t interval
   over seeds: ``mean(d) +- t_{0.975, S-1} * sd(d) / sqrt(S)`` (sample sd, ddof=1).
+- :func:`wilson_interval` — the 95 % Wilson score interval of one proportion ``k / n`` (a pass@1 on ``n``
+  held-out tasks).
 - :func:`paired_bootstrap` — percentile interval of the mean paired difference
   when the *tasks* are resampled with replacement (the same resample for every
   seed, since every seed saw the same tasks), which captures the uncertainty of a
@@ -82,3 +84,13 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample sd (sd 0 for fewer than two values)."""
     x = np.asarray(values, dtype=np.float64)
     return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0
+
+
+def wilson_interval(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``p = k / n``: ``(centre -+ half)`` with
+    ``centre = (p + z^2 / 2n) / (1 + z^2 / n)`` and
+    ``half = z sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2 / n)``, clipped to [0, 1]."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
