@@ -145,32 +145,12 @@ class GroupTrainer(Trainer):
         self.spec = self.agent_spec(self.params)
         #: Each feature provider's own state across steps (FeatureContext.state), by provider name.
         self.feature_state: dict[str, dict[str, Any]] = {}
-        self.update_settings = UpdateSettings(
+        self.update_settings = UpdateSettings.from_config(
+            cfg,
             loss_agg_mode=self.loss_agg_mode,
-            clip_low=cfg.algo.clip_low,
-            clip_high=cfg.algo.clip_high,
-            dual_clip=cfg.algo.dual_clip,
-            turn_level_is=cfg.algo.turn_level_is,
-            kl_coef=cfg.algo.kl_coef,
-            kl_kind=cfg.algo.kl_kind,
-            ppo_epochs=cfg.algo.ppo_epochs,
-            mini_batches=cfg.algo.mini_batches,
             micro_batch_tokens=resolve_micro_batch_tokens(  # a LoRA reference shares the policy's weights
                 cfg, self.model, self.device, frozen_copies=int(isinstance(self.ref_model, torch.nn.Module))
             ),
-            grad_clip=o.grad_clip,
-            old_logprobs=cfg.algo.old_logprobs,
-            logprob_clip=cfg.algo.logprob_clip,
-            policy_loss=cfg.algo.policy_loss,
-            norm_tokens=cfg.algo.loss_norm_tokens or cfg.rollout.max_new_tokens * cfg.rollout.max_turns,
-            nonfinite=o.nonfinite,
-            tis_cap=cfg.algo.tis_cap,
-            tis_level=cfg.algo.tis_level,
-            tis_mode=cfg.algo.tis_mode,
-            logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-            pack_rows=cfg.algo.pack_rows,
-            tree_training=cfg.algo.tree_training,
-            precision=cfg.train.precision,
         )
         #: Background collection of future batches (train.max_staleness > 0), else None.
         self.async_rollouts = None

@@ -38,6 +38,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -89,6 +90,41 @@ class UpdateSettings:
         """How the update computes log-probs (:func:`~horizonrl.train.update.batching.token_logprobs`)."""
         return ForwardOptions(
             self.logprob_chunk_tokens, self.pack_rows, self.precision, tree=self.tree_training == "auto"
+        )
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, loss_agg_mode: str, micro_batch_tokens: int) -> UpdateSettings:
+        """The settings of a run's ``algo`` / ``optim`` / ``train`` sections.
+
+        ``loss_agg_mode`` (the estimator's default when ``algo.loss_agg_mode`` is unset) and
+        ``micro_batch_tokens`` (resolved against the model and device by
+        :func:`~horizonrl.train.update.lean.resolve_micro_batch_tokens`) are decided by the trainer.
+        """
+        a, o = cfg.algo, cfg.optim
+        return cls(
+            loss_agg_mode=loss_agg_mode,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            turn_level_is=a.turn_level_is,
+            kl_coef=a.kl_coef,
+            kl_kind=a.kl_kind,
+            ppo_epochs=a.ppo_epochs,
+            mini_batches=a.mini_batches,
+            micro_batch_tokens=micro_batch_tokens,
+            grad_clip=o.grad_clip,
+            old_logprobs=a.old_logprobs,
+            logprob_clip=a.logprob_clip,
+            policy_loss=a.policy_loss,
+            norm_tokens=a.loss_norm_tokens or cfg.rollout.max_new_tokens * cfg.rollout.max_turns,
+            nonfinite=o.nonfinite,
+            tis_cap=a.tis_cap,
+            tis_level=a.tis_level,
+            tis_mode=a.tis_mode,
+            logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+            pack_rows=a.pack_rows,
+            tree_training=a.tree_training,
+            precision=cfg.train.precision,
         )
 
     def __post_init__(self) -> None:
