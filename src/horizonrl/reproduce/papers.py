@@ -132,6 +132,8 @@ def rtpo() -> Paper:
         budget_tokens=120_000,
         eval_temperature=0.6,
         diagnostics=("train/kl_rollout_train", "rtpo/is_weight_mean", "rollout/turns_mean"),
+        # the reverse-turn trainers (rtpo, seeupo arms) report their own zero-advantage rate
+        zero_adv_metrics=("train/zero_adv_group_rate", "rtpo/zero_adv_rate"),
         notes=(
             "Task: two-operation `arithmetic` with a calculator that fails transiently with probability "
             "0.2 (K = 3 turns, up to 5 with retries), under the extractive turn-summary map psi, so the "
@@ -439,7 +441,7 @@ def mosaic() -> Paper:
             "rollout/sessions_compaction_mean",
             "rollout/sessions_subagent_mean",
             "ig/positive_rate",
-            "ig/score_s",
+            "time/ig_score_s",
             "time/step_s",
         ),
         checks=_mosaic_checks,

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,7 @@ class Job:
                 "overrides": [*base_overrides(paper, settings, self.scenario), *self.overrides],
                 "out_dir": str(self.out_dir),
                 "diagnostics": list(dict.fromkeys([*paper.diagnostics, *paper.per_seed])),
+                "zero_adv_metrics": list(paper.zero_adv_metrics),
             }
         )
 
@@ -313,8 +315,17 @@ def _as_done(pool, fn, items):
 # ------------------------------------------------------------------ one run (subprocess entry)
 
 
-def summarize_run(out_dir: Path, diagnostics: list[str], wall_s: float) -> dict[str, Any]:
-    """``result.json`` of a finished run: evaluations (per task), budget, diagnostics, wall time."""
+def summarize_run(
+    out_dir: Path,
+    diagnostics: list[str],
+    wall_s: float,
+    zero_adv_metrics: Sequence[str] = Paper.zero_adv_metrics,
+) -> dict[str, Any]:
+    """``result.json`` of a finished run: evaluations (per task), budget, diagnostics, wall time.
+
+    ``zero_adv_group_rate`` is the mean of the first of ``zero_adv_metrics`` the run reports
+    (:attr:`Paper.zero_adv_metrics`).
+    """
     from horizonrl.train.records.metrics import read_metrics
 
     evals = []
@@ -332,9 +343,7 @@ def summarize_run(out_dir: Path, diagnostics: list[str], wall_s: float) -> dict[
         return sum(vals) / len(vals) if vals else None
 
     diag = {k: mean_of(k) for k in diagnostics}
-    zero = mean_of("train/zero_adv_group_rate")
-    if zero is None:
-        zero = mean_of("rtpo/zero_adv_rate")
+    zero = next((z for z in map(mean_of, zero_adv_metrics) if z is not None), None)
     ratios = [r["train/ratio_geomean"] for r in steps if isinstance(r.get("train/ratio_geomean"), float)]
     return {
         "pass@1": evals[-1]["pass@1"] if evals else None,
@@ -368,7 +377,7 @@ def _run_one(spec: dict[str, Any]) -> None:
         trainer.fit()
     finally:
         trainer.close()
-    result = summarize_run(out, spec["diagnostics"], time.perf_counter() - t0)
+    result = summarize_run(out, spec["diagnostics"], time.perf_counter() - t0, spec["zero_adv_metrics"])
     result["config"] = cfg.to_dict()
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps(result) + "\n")

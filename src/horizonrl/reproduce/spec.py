@@ -78,6 +78,10 @@ class Paper:
     #: diagnostic keys whose paired difference (arm - baseline, same seed) each comparison also reports
     #: with a t-interval over seeds: a claim about behaviour, not accuracy (Mosaic: fewer sessions)
     paired_metrics: tuple[str, ...] = ()
+    #: metric keys of the share of groups whose advantages are all zero, in order of preference: a run's
+    #: ``zero_adv_group_rate`` (``result.json``) is the per-step mean of the first one it reports (a
+    #: method trainer that reports its own, e.g. RTPO's ``rtpo/zero_adv_rate``, is declared by its paper)
+    zero_adv_metrics: tuple[str, ...] = ("train/zero_adv_group_rate",)
     #: Checks of the regime before any RL (e.g. with the scripted expert): ``fn(cfg) -> rows``,
     #: each row ``{"name", "value", "target", "ok", "gate"}``; a failed row refuses to start like the gate
     #: unless its ``gate`` is false (a claim reported, not a precondition).

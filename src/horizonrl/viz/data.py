@@ -37,6 +37,9 @@ from horizonrl.trajectory import Rollout, UnknownFieldWarning
 from horizonrl.trajectory.io import rollout_from_record
 
 STEP_FILE = re.compile(r"^(step|trunks|chains)_(\d+)\.jsonl$")
+#: The generic trainers (``train.trainer``), which apply the config's ``algo.estimator``; any other
+#: trainer computes its own credit and is named as the estimator (:attr:`Run.estimator`).
+ESTIMATOR_TRAINERS = ("group", "gateway")
 
 
 @dataclass
@@ -240,6 +243,28 @@ class Run:
     def decode(self) -> Callable[[Any], dict[int, str]] | None:
         return token_decoder(self.run_dir, self.config, self.tokenizer)
 
+    @property
+    def estimator(self) -> str | None:
+        """What computed the run's advantages, as the data says it.
+
+        The ``credit.estimator`` of the first record of the first ``step_N.jsonl`` (``rollout_log``
+        writes the config's ``algo.estimator`` there, and a trainer that computes its own credit, as a
+        method trainer does, its own name); without one (no step file yet, or ``train.save_credit``
+        off): ``algo.estimator`` under a trainer of :data:`ESTIMATOR_TRAINERS`, else the trainer's name.
+        """
+        for kind, _, path in self.step_files():
+            if kind == "step":
+                for rec in read_jsonl(path, allow_nan=True, what="rollouts", on_bad=lambda _: None):
+                    credit = rec.value.get("credit")
+                    if isinstance(credit, dict) and isinstance(credit.get("estimator"), str):
+                        return credit["estimator"]
+                    break
+                break
+        trainer = (self.config.get("train") or {}).get("trainer", "group")
+        if trainer in ESTIMATOR_TRAINERS:
+            return (self.config.get("algo") or {}).get("estimator")
+        return trainer
+
     def metrics(self) -> tuple[list[dict[str, Any]], list[str]]:
         if not (self.run_dir / "metrics.jsonl").is_file():
             return [], []
@@ -286,9 +311,7 @@ def index_payload(run: Run) -> dict[str, Any]:
         {
             "run": str(run.run_dir),
             "name": run.run_dir.resolve().name,
-            "estimator": trainer
-            if trainer in ("rtpo", "seeupo")
-            else (cfg.get("algo") or {}).get("estimator"),
+            "estimator": run.estimator,
             "trainer": trainer,
             "config": cfg,
             "metrics": [by_step[k] for k in sorted(by_step)],
