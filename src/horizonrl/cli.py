@@ -365,25 +365,24 @@ def _server_args(sp) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="horizonrl", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _with_config(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--config", "-c", default=None, help="YAML config file")
+    sp.add_argument("overrides", nargs="*", help="section.field=value overrides")
 
-    def with_config(sp):
-        sp.add_argument("--config", "-c", default=None, help="YAML config file")
-        sp.add_argument("overrides", nargs="*", help="section.field=value overrides")
 
+def _add_run_commands(sub) -> None:
+    """``train``, ``sft``, ``eval``, ``export``, ``demos``: what a config or a model directory runs."""
     sp = sub.add_parser("train", help="train (train.trainer picks the group, rtpo or seeupo trainer)")
-    with_config(sp)
+    _with_config(sp)
     sp.add_argument("--resume", action="store_true", help="resume from the run's latest checkpoint")
     sp.set_defaults(fn=_cmd_train)
 
     sp = sub.add_parser("sft", help="supervised warm start on demonstrations")
-    with_config(sp)
+    _with_config(sp)
     sp.set_defaults(fn=_cmd_sft)
 
     sp = sub.add_parser("eval", help="held-out pass@1 / pass@k of a model directory")
-    with_config(sp)
+    _with_config(sp)
     sp.add_argument("--model", required=True, help="model directory (e.g. a checkpoint)")
     sp.set_defaults(fn=_cmd_eval)
 
@@ -406,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True)
     sp.set_defaults(fn=_cmd_demos)
 
+
+def _add_server_commands(sub) -> None:
+    """``serve``, ``gateway``, ``quickstart``."""
     sp = sub.add_parser("serve", help="OpenAI-compatible chat-completions server for a model")
     sp.add_argument("model", help="'tiny', 'smollm2', a model directory, a checkpoint or a run directory")
     _server_args(sp)
@@ -429,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("overrides", nargs="*", help="section.field=value overrides of the quickstart config")
     sp.set_defaults(fn=_cmd_quickstart)
 
+
+def _add_reproduce_command(sub) -> None:
+    """``reproduce``: a paper's seeded paired comparison (:mod:`horizonrl.reproduce`)."""
     sp = sub.add_parser("reproduce", help="seeded paired reproduction of a paper's comparison")
     sp.add_argument("name", nargs="?", default=None, help="rtpo | ccpo | mosaic | echo (omit to list)")
     sp.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: the paper's own)")
@@ -449,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(fn=_cmd_reproduce)
 
+
+def _add_view_commands(sub) -> None:
+    """``view`` (rollouts as text or HTML) and ``plot`` (learning curves)."""
     sp = sub.add_parser(
         "view",
         help="view rollouts: a rollouts/*.jsonl file as text, a run directory as HTML (or --serve it)",
@@ -474,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--smooth", type=float, default=0.0, help="EMA smoothing factor in [0, 1)")
     sp.set_defaults(fn=_cmd_plot)
 
+
+def _add_list_commands(sub) -> None:
+    """The listings: ``envs``, ``estimators``, ``config-reference``, ``trainers``, ``families``."""
     sub.add_parser("envs", help="list environments").set_defaults(fn=_cmd_envs)
     sub.add_parser("estimators", help="list credit estimators").set_defaults(fn=_cmd_estimators)
     sub.add_parser("config-reference", help="print every config field").set_defaults(fn=_cmd_config)
@@ -481,6 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
         fn=_cmd_trainers
     )
     sub.add_parser("families", help="list model families (model.family)").set_defaults(fn=_cmd_families)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="horizonrl", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _add_run_commands(sub)
+    _add_server_commands(sub)
+    _add_reproduce_command(sub)
+    _add_view_commands(sub)
+    _add_list_commands(sub)
     return p
 
 
