@@ -309,9 +309,109 @@ TINY_CONVERGED = "model.tiny_pretrain_steps=12000"
 MOSAIC_SHAPING = "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, lambda_r: 0.1}"
 
 
+def _mosaic_scenarios() -> dict[str, tuple[str, ...]]:
+    """Mosaic's two multi-session regimes: compaction, and subagent forking."""
+    lookup = "names: code, n_entities: 4"
+    return {
+        # Mixed 2-3-hop tasks, a session limit that fits about two searches, at most two successful
+        # compactions; the expert's mistakes are mostly redundant searches (fill the context, cost
+        # sessions, and end in a forced answer when the compactions run out) and some early guesses.
+        "compaction": (
+            f"env.knobs={{hops: [2, 3], obs_facts: 3, {lookup}, noise_kinds: {{guess: 0.5, redundant: 3}}}}",
+            "rollout.context=compaction",
+            "rollout.context_budget=520",
+            "rollout.max_turns=10",
+            "rollout.context_params={max_compactions: 2, reserve: 48, summary_max_tokens: 96, "
+            "prompts: short}",
+            "sft.noise=0.3",
+            # Round 3: on the default shipped base (copy pretraining unconverged, deep recall 0.13) this
+            # warm start scored 0.238 at 3 epochs and 0.172 at 4, under the gate's 0.25 (round 2, on a
+            # converged base: 0.441); so it starts from the shipped build whose copy pretraining
+            # converged (recall 1.0 at step 3,124; the step cap is what names that build).
+            TINY_CONVERGED,
+        ),
+        # Two-hop tasks; the expert resolves each hop by delegating it to a subagent or, for half the
+        # hops (a fixed draw per task and hop, `fork_direct`), by searching itself, and errs by
+        # searching directly, forking a redundant or an irrelevant second child, or guessing. Round 3:
+        # with every hop delegated (no `fork_direct`) the warm start imitated the noise-free expert
+        # and forked exactly two subagents in every rollout; now the count (0-2) is the policy's own.
+        "fork": (
+            f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, fork_direct: 0.5, "
+            "fork_noise_kinds: {direct: 2, redundant: 1, irrelevant: 1, guess: 0.5}}",
+            "rollout.context=append",
+            "rollout.context_params={}",
+            "rollout.agent=fork",
+            "rollout.agent_params={max_subagents: 3, max_forks: 10, prompts: short}",
+            "rollout.context_budget=1024",
+            "rollout.max_turns=6",
+            "rollout.max_new_tokens=64",
+            "sft.noise=0.3",
+        ),
+    }
+
+
+def _mosaic_arms() -> tuple[Arm, ...]:
+    """Mosaic with and without shaping, broadcasting and IGPO, in each scenario."""
+    return (
+        Arm(
+            "mosaic",
+            ("algo.estimator=mosaic", MOSAIC_SHAPING),
+            scenario="compaction",
+            help="session-aware advantage + IG shaping",
+        ),
+        Arm(
+            "mosaic_noshaping",
+            (
+                "algo.estimator=mosaic",
+                "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
+            ),
+            scenario="compaction",
+            help="Eq. 14 only (no information-gain shaping)",
+        ),
+        Arm(
+            "broadcast",
+            ("algo.estimator=broadcast", "algo.estimator_params={}"),
+            scenario="compaction",
+            help="one GRPO advantage on every session, per-rollout token weighting",
+        ),
+        Arm(
+            "igpo",
+            ("algo.estimator=igpo", "algo.estimator_params={}", "algo.kl_coef=0.001"),
+            scenario="compaction",
+            help="turn-level information gain (IGPO), KL 0.001",
+        ),
+        Arm(
+            "fork_mosaic",
+            ("algo.estimator=mosaic", MOSAIC_SHAPING),
+            scenario="fork",
+            help="Mosaic under subagent forking",
+        ),
+        Arm(
+            "fork_mosaic_noshaping",
+            (
+                "algo.estimator=mosaic",
+                "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
+            ),
+            scenario="fork",
+            help="Eq. 14 only, forking",
+        ),
+        Arm(
+            "fork_broadcast",
+            ("algo.estimator=broadcast", "algo.estimator_params={}"),
+            scenario="fork",
+            help="broadcasting, forking",
+        ),
+        Arm(
+            "fork_igpo",
+            ("algo.estimator=igpo", "algo.estimator_params={}", "algo.kl_coef=0.001"),
+            scenario="fork",
+            help="IGPO, forking: information gain of every turn of the root and its subagents",
+        ),
+    )
+
+
 @register_paper("mosaic")
 def mosaic() -> Paper:
-    lookup = "names: code, n_entities: 4"
     return Paper(
         name="mosaic",
         title="Mosaic: session-aware credit vs broadcasting and IGPO, under compaction and subagent forking",
@@ -319,8 +419,8 @@ def mosaic() -> Paper:
             "Session-aware trajectory advantages plus marginal-information-gain shaping reach higher "
             "accuracy than broadcasting one GRPO advantage over all sessions, with fewer sessions per "
             "trajectory (Table 1, Fig. 3), in both multi-session scenarios; shaping adds to the "
-            "session-aware "
-            "advantage (Fig. 3c/d); IGPO's turn-level information gain costs more wall time (Fig. 3b)."
+            "session-aware advantage (Fig. 3c/d); IGPO's turn-level information gain costs more wall time "
+            "(Fig. 3b)."
         ),
         base="mosaic_compaction_lookup",
         overrides=(
@@ -332,99 +432,8 @@ def mosaic() -> Paper:
             "sft.epochs=3",
             "sft.labels=clean",
         ),
-        scenarios={
-            # Mixed 2-3-hop tasks, a session limit that fits about two searches, at most two successful
-            # compactions; the expert's mistakes are mostly redundant searches (fill the context, cost
-            # sessions, and end in a forced answer when the compactions run out) and some early guesses.
-            "compaction": (
-                f"env.knobs={{hops: [2, 3], obs_facts: 3, {lookup}, "
-                "noise_kinds: {guess: 0.5, redundant: 3}}",
-                "rollout.context=compaction",
-                "rollout.context_budget=520",
-                "rollout.max_turns=10",
-                "rollout.context_params={max_compactions: 2, reserve: 48, summary_max_tokens: 96, "
-                "prompts: short}",
-                "sft.noise=0.3",
-                # Round 3: on the default shipped base (copy pretraining unconverged, deep recall 0.13) this
-                # warm start scored 0.238 at 3 epochs and 0.172 at 4, under the gate's 0.25 (round 2, on a
-                # converged base: 0.441); so it starts from the shipped build whose copy pretraining
-                # converged (recall 1.0 at step 3,124; the step cap is what names that build).
-                TINY_CONVERGED,
-            ),
-            # Two-hop tasks; the expert resolves each hop by delegating it to a subagent or, for half the
-            # hops (a fixed draw per task and hop, `fork_direct`), by searching itself, and errs by
-            # searching directly, forking a redundant or an irrelevant second child, or guessing. Round 3:
-            # with every hop delegated (no `fork_direct`) the warm start imitated the noise-free expert
-            # and forked exactly two subagents in every rollout; now the count (0-2) is the policy's own.
-            "fork": (
-                f"env.knobs={{hops: 2, obs_facts: 2, {lookup}, fork_direct: 0.5, "
-                "fork_noise_kinds: {direct: 2, redundant: 1, irrelevant: 1, guess: 0.5}}",
-                "rollout.context=append",
-                "rollout.context_params={}",
-                "rollout.agent=fork",
-                "rollout.agent_params={max_subagents: 3, max_forks: 10, prompts: short}",
-                "rollout.context_budget=1024",
-                "rollout.max_turns=6",
-                "rollout.max_new_tokens=64",
-                "sft.noise=0.3",
-            ),
-        },
-        arms=(
-            Arm(
-                "mosaic",
-                ("algo.estimator=mosaic", MOSAIC_SHAPING),
-                scenario="compaction",
-                help="session-aware advantage + IG shaping",
-            ),
-            Arm(
-                "mosaic_noshaping",
-                (
-                    "algo.estimator=mosaic",
-                    "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
-                ),
-                scenario="compaction",
-                help="Eq. 14 only (no information-gain shaping)",
-            ),
-            Arm(
-                "broadcast",
-                ("algo.estimator=broadcast", "algo.estimator_params={}"),
-                scenario="compaction",
-                help="one GRPO advantage on every session, per-rollout token weighting",
-            ),
-            Arm(
-                "igpo",
-                ("algo.estimator=igpo", "algo.estimator_params={}", "algo.kl_coef=0.001"),
-                scenario="compaction",
-                help="turn-level information gain (IGPO), KL 0.001",
-            ),
-            Arm(
-                "fork_mosaic",
-                ("algo.estimator=mosaic", MOSAIC_SHAPING),
-                scenario="fork",
-                help="Mosaic under subagent forking",
-            ),
-            Arm(
-                "fork_mosaic_noshaping",
-                (
-                    "algo.estimator=mosaic",
-                    "algo.estimator_params={rho: 0.2, beta0: 0.1, beta1: 0.2, shaping: false}",
-                ),
-                scenario="fork",
-                help="Eq. 14 only, forking",
-            ),
-            Arm(
-                "fork_broadcast",
-                ("algo.estimator=broadcast", "algo.estimator_params={}"),
-                scenario="fork",
-                help="broadcasting, forking",
-            ),
-            Arm(
-                "fork_igpo",
-                ("algo.estimator=igpo", "algo.estimator_params={}", "algo.kl_coef=0.001"),
-                scenario="fork",
-                help="IGPO, forking: information gain of every turn of the root and its subagents",
-            ),
-        ),
+        scenarios=_mosaic_scenarios(),
+        arms=_mosaic_arms(),
         comparisons=(
             Comparison("mosaic", "broadcast", "Mosaic > broadcasting (compaction)"),
             Comparison("mosaic", "mosaic_noshaping", "IG shaping adds (compaction)"),
@@ -455,11 +464,9 @@ def mosaic() -> Paper:
             "it). Forking: 2-hop questions; the noise-free expert searches half the hops itself "
             "(`fork_direct: 0.5`, a fixed draw per task and hop), so the number of subagents (0-2) is the "
             "policy's choice (round 3 before it: every rollout forked exactly 2); up to 3 subagents per fork "
-            "call, the short "
-            "prompts (the fork "
-            "call shown by example, no schema: a 334-token root prompt; with the paper's ~400-token schema "
-            "it was 694, deeper than the tiny model copies, and the warm start scored 0.012). Model: the "
-            "embedded tiny model (hidden 128 x 4)."
+            "call, the short prompts (the fork call shown by example, no schema: a 334-token root prompt; "
+            "with the paper's ~400-token schema it was 694, deeper than the tiny model copies, and the warm "
+            "start scored 0.012). Model: the embedded tiny model (hidden 128 x 4)."
         ),
     )
 
@@ -480,6 +487,46 @@ def _echo_checks(cfg):
     if cfg.rollout.context != "memory":
         return []  # SUPO's volume and the truncation ceiling are rows of the memory scenario's checks
     return echo_checks(cfg, supo=_echo_scenario(cfg, "summary"), append=_echo_scenario(cfg, "append"))
+
+
+def _echo_arms() -> tuple[Arm, ...]:
+    """ECHO's credit variants in the memory scenario, SUPO and GRPO with truncation."""
+    return (
+        Arm(
+            "echo",
+            ("algo.estimator=echo", "algo.estimator_params={sign_rule: positive, dense: false}"),
+            scenario="memory",
+            help="provenance-masked positive credit",
+        ),
+        Arm(
+            "echo_dense",
+            ("algo.estimator=echo", "algo.estimator_params={sign_rule: signed, dense: true}"),
+            scenario="memory",
+            help="w/o traceable credit: dense, signed (plain GRPO over ECHO rollouts)",
+        ),
+        Arm(
+            "echo_graph",
+            (
+                "algo.estimator=echo",
+                "algo.estimator_params={sign_rule: positive, dense: false, credit: graph}",
+            ),
+            scenario="memory",
+            help="released-code recipe: positive credit weighted over the typed memory DAG "
+            "(gamma_turn 1, gamma_segment 0.9, sum, clip 1; docs/released_recipes.md)",
+        ),
+        Arm(
+            "supo",
+            ("algo.estimator=supo", "algo.estimator_params={}"),
+            scenario="summary",
+            help="SUPO rolling summaries",
+        ),
+        Arm(
+            "grpo_truncate",
+            ("algo.estimator=grpo", "algo.estimator_params={}"),
+            scenario="append",
+            help="GRPO, one context, generations truncated to fit",
+        ),
+    )
 
 
 @register_paper("echo")
@@ -521,42 +568,7 @@ def echo() -> Paper:
             ),
             "append": ("rollout.context=append", "rollout.context_params={}", "rollout.overflow=truncate"),
         },
-        arms=(
-            Arm(
-                "echo",
-                ("algo.estimator=echo", "algo.estimator_params={sign_rule: positive, dense: false}"),
-                scenario="memory",
-                help="provenance-masked positive credit",
-            ),
-            Arm(
-                "echo_dense",
-                ("algo.estimator=echo", "algo.estimator_params={sign_rule: signed, dense: true}"),
-                scenario="memory",
-                help="w/o traceable credit: dense, signed (plain GRPO over ECHO rollouts)",
-            ),
-            Arm(
-                "echo_graph",
-                (
-                    "algo.estimator=echo",
-                    "algo.estimator_params={sign_rule: positive, dense: false, credit: graph}",
-                ),
-                scenario="memory",
-                help="released-code recipe: positive credit weighted over the typed memory DAG "
-                "(gamma_turn 1, gamma_segment 0.9, sum, clip 1; docs/released_recipes.md)",
-            ),
-            Arm(
-                "supo",
-                ("algo.estimator=supo", "algo.estimator_params={}"),
-                scenario="summary",
-                help="SUPO rolling summaries",
-            ),
-            Arm(
-                "grpo_truncate",
-                ("algo.estimator=grpo", "algo.estimator_params={}"),
-                scenario="append",
-                help="GRPO, one context, generations truncated to fit",
-            ),
-        ),
+        arms=_echo_arms(),
         comparisons=(
             Comparison("echo", "supo", "ECHO > SUPO"),
             Comparison("supo", "grpo_truncate", "SUPO > GRPO with truncation"),
