@@ -64,6 +64,7 @@ from horizonrl.credit.ccpo_features import (
 )
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
+from horizonrl.vocab import ObsKey
 
 KERNELS = ("exp", "cosine", "uniform")
 EPISODE_NORMS = ("zscore", "center")
@@ -154,7 +155,7 @@ class CCPOParams:
     episode_adv_norm: str = "zscore"
     """Episode channel over a task's rows: ``zscore`` (standardized) or ``center`` (``e - mean e``, in
     reward units, the authors' WebShop protocol); :data:`EPISODE_NORMS`."""
-    obs_key: str = "text"
+    obs_key: str = ObsKey.TEXT.value
     """What peers are matched on (read by the ``ccpo`` estimator when it builds the steps): ``text``
     (the paper: the observation text the policy saw), ``state`` (the environment's ``obs_key``, a
     "perfect anchor" ablation) or ``turn``

@@ -53,10 +53,11 @@ from horizonrl.credit.echo_graph import (
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+from horizonrl.vocab import Termination
 
 SIGN_RULES = ("positive", "signed")
 #: ``Rollout.termination`` values that make a rollout invalid for ECHO's group baseline.
-ECHO_INVALID_TERMINATIONS = ("error",)
+ECHO_INVALID_TERMINATIONS = (Termination.ERROR.value,)
 OVERLONG_RULES = ("failure", "exclude")
 CREDIT_RULES = ("token", "graph")
 
@@ -320,14 +321,16 @@ def echo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     for group in groups:
         bad = set(base_bad)
         if p.overlong == "exclude" and _excludes_overlong(group, base_bad):
-            bad.add("overlong")
+            bad.add(Termination.OVERLONG.value)
         valid = [r.termination not in bad for r in group.rollouts]
-        rewards = [0.0 if r.termination == "overlong" else r.reward for r in group.rollouts]
+        rewards = [0.0 if r.termination == Termination.OVERLONG else r.reward for r in group.rollouts]
         signed = valid_group_advantage(
             rewards, valid, normalize_std=p.normalize_std, eps=p.eps, ddof=p.std_ddof
         )
         adv = np.maximum(signed, 0.0) if p.sign_rule == "positive" else signed
-        trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]
+        trained = [
+            ok and r.termination != Termination.OVERLONG for r, ok in zip(group.rollouts, valid, strict=True)
+        ]
         for rollout, a, raw, ok in zip(group.rollouts, adv, signed, trained, strict=True):
             side_info.record_side_info(len(out), rollout={"valid": ok, "A": float(a)})
             if not ok:  # may have stopped mid-selection with no final context: no mask needed
@@ -355,7 +358,7 @@ def _excludes_overlong(group: Group, bad: set[str]) -> bool:
     """``overlong="exclude"`` as the released code applies it: overlong rollouts leave the baseline
     unless exactly one other valid rollout would remain in a group of several, which then keeps the
     overlong ones as failures (reward 0); with none left every rollout gets 0 either way."""
-    kept = sum(r.termination not in bad and r.termination != "overlong" for r in group.rollouts)
+    kept = sum(r.termination not in bad and r.termination != Termination.OVERLONG for r in group.rollouts)
     return not (kept == 1 and len(group.rollouts) > 1)
 
 

@@ -64,6 +64,7 @@ from horizonrl.credit.ccpo_features import (
 from horizonrl.credit.group import group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+from horizonrl.vocab import ObsKey
 
 MODES = ("mean_norm", "mean_std_norm")
 
@@ -285,7 +286,7 @@ class GiGPOParams:
     eta: float = 0.0
     """Invalid-action penalty subtracted from that step's reward (and, with ``episode="steps"``, from
     its episode score ``e_{i,t} = R_i - eta 1[invalid_{i,t}]``)."""
-    obs_key: str = "text"
+    obs_key: str = ObsKey.TEXT.value
     """What anchor states are matched on: ``text`` (the observation text the turn was decided on, the
     paper's setting), ``state`` (the environment's ``Turn.obs_key``, perfect anchors) or ``turn``
     (:func:`~horizonrl.credit.ccpo_features.observation_mode`)."""
@@ -322,7 +323,7 @@ class GRPOStepsParams:
     """Invalid-action penalty: a step row scores ``e_{i,t} = R_i - eta 1[invalid_{i,t}]``."""
     eps: float = 1e-6
     """Added to the std of the task's step rows."""
-    obs_key: str = "text"
+    obs_key: str = ObsKey.TEXT.value
     """How the step rows' observations are read (as :attr:`GiGPOParams.obs_key`; the episode term does
     not match on them)."""
 
@@ -359,7 +360,7 @@ class HGPOParams:
     """Invalid-action penalty subtracted from that step's reward."""
     base_group: bool = False
     """Add the episode advantage ``A^E_i`` as an item with ``L = 1``."""
-    obs_key: str = "text"
+    obs_key: str = ObsKey.TEXT.value
     """What the levels match on (as :attr:`GiGPOParams.obs_key`)."""
     ddof: int = 0
     """Delta degrees of freedom of the std (0: the released recipe's population std)."""

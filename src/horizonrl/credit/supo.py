@@ -27,9 +27,10 @@ from horizonrl.credit.broadcast import broadcast_to_tokens
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
+from horizonrl.vocab import Termination
 
 #: ``Rollout.termination`` values SUPO treats as overlong (excluded from the baseline, credit 0).
-SUPO_OVERLONG_TERMINATIONS = ("overlong",)
+SUPO_OVERLONG_TERMINATIONS = (Termination.OVERLONG.value,)
 
 
 def supo_advantage(
