@@ -438,14 +438,10 @@ def _targets(u: StepBatch, gamma: float, eta: float) -> tuple[np.ndarray, np.nda
 def peer_diagnostics(
     steps: StepBatch,
     hidden: np.ndarray,
+    params: CCPOParams | None = None,
     *,
-    gamma: float = 0.95,
-    eta: float = 0.1,
-    kernel_scale: float = 0.15,
-    kernel: str = "exp",
-    summary_weight: float = 1.0,
-    exclude_self: bool = True,
     kappa: float = 2.0,
+    **overrides: Any,
 ) -> dict[str, float]:
     """How thin the historical readout's support is and how far it moves from the task baseline.
 
@@ -456,19 +452,24 @@ def peer_diagnostics(
     all unique steps with ``J`` in {1, 2}), ``baseline_gap_rms`` and ``baseline_gap_rms_thin`` (root
     mean square of ``gap`` over those steps and over the thin ones; 0 when there are none) and
     ``baseline_gap_rms_kappa`` (of the shrunk gap). Diagnostics of issue 27's seed-instability question;
-    the advantages do not use them.
+    the advantages do not use them. ``params`` / ``overrides``: the run's :class:`CCPOParams` (its
+    ``gamma``, ``eta``, ``kernel_scale``, ``kernel``, ``summary_weight`` and ``exclude_self`` are read;
+    its ``kappa`` is not: ``kappa`` here is the probe's).
     """
+    p = _params(params, overrides)
     if not kappa >= 0.0:
         raise ValueError(f"kappa must be >= 0, got {kappa}")
     if len(steps) == 0:
         return {}
     first, inverse, counts = unique_steps(steps)
     u = steps.take(first)
-    phi = context_features(u, merge_duplicates(hidden, first, inverse, counts), summary_weight=summary_weight)
+    phi = context_features(
+        u, merge_duplicates(hidden, first, inverse, counts), summary_weight=p.summary_weight
+    )
     task, traj = trajectory_codes(u)
-    y, _ = _targets(u, gamma, eta)
-    ro = peer_readout(phi, task, traj, factorize(u.observations), y, kernel_scale=kernel_scale,
-                      kernel=kernel, exclude_self=exclude_self)  # fmt: skip
+    y, _ = _targets(u, p.gamma, p.eta)
+    ro = peer_readout(phi, task, traj, factorize(u.observations), y, kernel_scale=p.kernel_scale,
+                      kernel=p.kernel, exclude_self=p.exclude_self)  # fmt: skip
     j = ro.trajectories
     gap = ro.values[:, 0] - ro.task_baseline[:, 0]
     exact, thin = j >= 1, (j >= 1) & (j <= 2)
