@@ -21,6 +21,7 @@ __all__ = [
     "OldLogprobs",
     "Overflow",
     "PolicyLoss",
+    "Precision",
     "SegmentKind",
     "SpanLabel",
     "TISLevel",
@@ -108,6 +109,15 @@ class PolicyLoss(enum.StrEnum):
 
     PPO = "ppo"
     REINFORCE = "reinforce"
+
+
+class Precision(enum.StrEnum):
+    """Compute precision of the update's forward passes (``train.precision``,
+    :mod:`horizonrl.train.update.lean`): ``fp32``, or ``bf16`` under ``torch.autocast`` with parameters,
+    gradients and optimizer state kept in ``model.dtype``."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
 
 
 class AggMode(enum.StrEnum):
