@@ -1,10 +1,12 @@
-"""Closed vocabularies of config values as string enums (bottom layer: standard library only).
+"""Closed vocabularies of the data model and of config values as string enums (bottom layer: standard
+library only).
 
-A value that several modules spell out (the loss-aggregation modes, the overflow policies) is
-written once here as an :class:`enum.StrEnum`, so a typo is a name error instead of a silent
-mismatch. Each member *is* its string (``AggMode.TOKEN_MEAN == "token-mean"``, it formats and
-serializes to JSON as ``"token-mean"``), so configs, checkpoints and plain-string comparisons keep
-working unchanged. This module imports nothing else from the package and never torch, so the
+A value that several modules spell out (why a rollout ended, a segment's kind, the loss-aggregation
+modes, the overflow policies) is written once here as an :class:`enum.StrEnum`, so a typo is a name
+error instead of a silent mismatch. Each member *is* its string (``AggMode.TOKEN_MEAN == "token-mean"``,
+it formats and serializes to JSON as ``"token-mean"``), so configs, checkpoints, rollout files and
+plain-string comparisons keep working unchanged; dataclass defaults and written records hold the plain
+``.value``. This module imports nothing else from the package and never torch, so the
 bottom layers (``credit``, ``trajectory``, ``agents``) may all use it.
 
 Open sets that users extend through a registry (estimators, KL estimators, environments) are not
