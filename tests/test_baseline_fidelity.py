@@ -159,5 +159,5 @@ def test_text_observation_keys_match_identical_text_with_different_hidden_state(
     state = [prompt_observations(r, mode="prompt") for r in (a, b)]
     assert text[0] == text[1] == ["text:Your task.\nHall", "text:You go to the kitchen.\nK"]
     assert state[0][1] != state[1][1]
-    assert get_estimator("ccpo").fn.__kwdefaults__["obs_key"] == "text"
-    assert get_estimator("gigpo").fn.__kwdefaults__["obs_key"] == "text"
+    assert get_estimator("ccpo").params_cls().obs_key == "text"
+    assert get_estimator("gigpo").params_cls().obs_key == "text"

@@ -59,3 +59,21 @@ def test_readme_config_reference_is_current():
     from horizonrl.train.trainers.registry import trainer_reference
 
     assert trainer_reference() in readme.read_text(), "regenerate the README's trainer parameters"
+
+
+def test_vocabulary_enums_are_the_config_choices():
+    """Each config choice set written from a vocab enum accepts exactly the enum's plain strings."""
+    import dataclasses
+
+    from horizonrl.config.algo import AlgoConfig
+    from horizonrl.config.train import TrainConfig
+    from horizonrl.credit.ccpo_features import OBS_KEYS
+    from horizonrl.vocab import ObsKey, PolicyLoss, Precision
+
+    def choices(cls, name):
+        return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
+
+    assert choices(AlgoConfig, "policy_loss") == ("ppo", "reinforce") == tuple(PolicyLoss)
+    assert choices(TrainConfig, "precision") == ("fp32", "bf16") == tuple(Precision)
+    assert all(type(c) is str for c in choices(AlgoConfig, "policy_loss") + choices(TrainConfig, "precision"))
+    assert list(OBS_KEYS) == ["text", "state", "turn"] == list(ObsKey)

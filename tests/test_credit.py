@@ -271,3 +271,84 @@ def test_credit_does_not_import_torch():
     code = "import sys, horizonrl.credit; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """Field name -> the string literal under it in ``cls``'s source (the per-field docstring)."""
+    import ast
+    import inspect
+    import itertools
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    out = {}
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            out[node.target.id] = nxt.value.value
+    return out
+
+
+def test_builtin_estimator_params_are_documented_frozen_dataclasses():
+    import dataclasses
+    import inspect
+
+    builtin = [n for n in list_estimators() if get_estimator(n).fn.__module__.startswith("horizonrl.")]
+    declared = {n: get_estimator(n).params_cls for n in builtin}
+    assert {n for n, c in declared.items() if c is None} == {"drgrpo", "rloo"}  # they take no parameters
+    for name, cls in declared.items():
+        if cls is None:
+            assert get_estimator(name).params == ()
+            continue
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name
+        fields = [f.name for f in dataclasses.fields(cls)]
+        docs = _field_docs(cls)
+        assert [f for f in fields if not docs.get(f)] == [], f"{name}: fields without a docstring"
+        spec = get_estimator(name)
+        assert set(spec.settable()) == set(fields), name
+        named = [p for p in inspect.signature(spec.fn).parameters][1:-1]  # groups, needs..., **params
+        assert tuple(named) == spec.needs, name
+        cls()  # every field has a default
+
+
+def test_estimator_params_keep_their_defaults():
+    """The dataclass defaults are the keyword defaults the estimators had (same keys, same values)."""
+    expect = {
+        "grpo": {"normalize_std": True, "eps": 1e-6},
+        "ccpo": dict(gamma=0.95, horizon=2, kernel_scale=0.15, eta=0.1, final_standardize=True,
+                     episode_weight=0.0, kernel="exp", summary_weight=1.0, exclude_self=True,
+                     history_weight=1.0, future_weight=1.0, kappa=0.0, episode_adv_norm="zscore",
+                     obs_key="text"),
+        "gigpo": dict(mode="mean_norm", omega=1.0, gamma=0.95, eps=1e-6, eta=0.0, obs_key="text",
+                      episode="trajectory"),
+        "grpo_steps": dict(eta=0.0, eps=1e-6, obs_key="text"),
+        "igpo": dict(mode="logprob", gamma=1.0),
+        "supo": dict(overlong_terminations=("overlong",), normalize_std=True, eps=1e-6),
+    }  # fmt: skip
+    for name, defaults in expect.items():
+        assert {k: d for k, (_, d) in get_estimator(name).settable().items()} == defaults, name
+
+
+def test_register_params_dataclass(scratch_registry):
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class UnitParams:
+        value: float = 1.0
+        """The constant."""
+
+    @register_estimator("unit_params", params=UnitParams)
+    def unit(groups, **params):
+        p = UnitParams(**params)
+        return broadcast_to_tokens(groups, [p.value] * sum(len(g.rollouts) for g in groups))
+
+    spec = get_estimator("unit_params")
+    assert spec.params == ("value",) and spec.params_cls is UnitParams
+    assert spec(_groups(), value=2.0)[0][1][0].tolist() == [2.0] * 4
+    with pytest.raises(TypeError, match="nope"):
+        spec(_groups(), nope=1)
+    with pytest.raises(TypeError, match="must take"):
+        register_estimator("unit_bad", params=UnitParams)(lambda groups, *, value=1.0: [])

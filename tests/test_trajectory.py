@@ -132,3 +132,53 @@ def test_appended_tokens_counts_a_selection_session_by_what_it_adds_to_its_paren
     summary = Segment(kind="summary", turns=[turn([1, 2, 3, 4, 5, 6, 7, 8, 30], [31])], parent=0)
     s = Rollout(uid="w", task_id="t", group_id="g", segments=[work, summary, rebuilt])
     assert saved_tokens(s) == 8 + 10 + 4 and appended_tokens(s) == 8 + 2 + 4
+
+
+def test_vocabularies_keep_the_plain_strings_files_hold():
+    import dataclasses
+
+    from horizonrl.trajectory import SEGMENT_KINDS, SPAN_LABELS, rollout_to_dict
+    from horizonrl.vocab import SegmentKind, SpanLabel, Termination
+
+    assert SEGMENT_KINDS == ("normal", "compaction", "subagent", "selection", "summary")
+    assert SPAN_LABELS == ("action", "finding", "selection", "summary", "answer", "think")
+    assert all(type(k) is str for k in SEGMENT_KINDS + SPAN_LABELS)
+    assert list(SegmentKind) == list(SEGMENT_KINDS) and list(SpanLabel) == list(SPAN_LABELS)
+    assert [t.value for t in Termination] == [
+        "done",
+        "max_turns",
+        "context",
+        "truncated",
+        "overlong",
+        "error",
+    ]
+    r = Rollout(uid="u", task_id="t", group_id="g", segments=[Segment(kind=SegmentKind.SUMMARY)])
+    assert type(r.termination) is str and r.termination == Termination.DONE
+    plain = dumps_rollout(dataclasses.replace(r, termination="overlong"))
+    r.termination = Termination.OVERLONG  # an agent may write the member: the record is the same
+    assert dumps_rollout(r) == plain
+    d = rollout_to_dict(r)
+    assert type(d["termination"]) is str and type(d["segments"][0]["kind"]) is str
+
+
+def test_every_data_model_field_has_a_docstring():
+    import ast
+    import dataclasses
+    import inspect
+    import itertools
+    import textwrap
+
+    from horizonrl.envs.base import StepResult
+    from horizonrl.trajectory import Group, Row
+
+    for cls in (Span, Turn, Segment, Branch, Rollout, Group, Row, StepResult):
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        documented = {
+            node.target.id
+            for node, nxt in itertools.pairwise(body)
+            if isinstance(node, ast.AnnAssign)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        }
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in documented]
+        assert missing == [], f"{cls.__name__}: fields without a docstring: {missing}"

@@ -1,10 +1,12 @@
-"""Closed vocabularies of config values as string enums (bottom layer: standard library only).
+"""Closed vocabularies of the data model and of config values as string enums (bottom layer: standard
+library only).
 
-A value that several modules spell out (the loss-aggregation modes, the overflow policies) is
-written once here as an :class:`enum.StrEnum`, so a typo is a name error instead of a silent
-mismatch. Each member *is* its string (``AggMode.TOKEN_MEAN == "token-mean"``, it formats and
-serializes to JSON as ``"token-mean"``), so configs, checkpoints and plain-string comparisons keep
-working unchanged. This module imports nothing else from the package and never torch, so the
+A value that several modules spell out (why a rollout ended, a segment's kind, the loss-aggregation
+modes, the overflow policies) is written once here as an :class:`enum.StrEnum`, so a typo is a name
+error instead of a silent mismatch. Each member *is* its string (``AggMode.TOKEN_MEAN == "token-mean"``,
+it formats and serializes to JSON as ``"token-mean"``), so configs, checkpoints, rollout files and
+plain-string comparisons keep working unchanged; dataclass defaults and written records hold the plain
+``.value``. This module imports nothing else from the package and never torch, so the
 bottom layers (``credit``, ``trajectory``, ``agents``) may all use it.
 
 Open sets that users extend through a registry (estimators, KL estimators, environments) are not
@@ -15,7 +17,109 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["AggMode", "OldLogprobs", "Overflow", "TISLevel", "TISMode"]
+__all__ = [
+    "AggMode",
+    "ObsKey",
+    "OldLogprobs",
+    "Overflow",
+    "PolicyLoss",
+    "Precision",
+    "SegmentKind",
+    "SpanLabel",
+    "TISLevel",
+    "TISMode",
+    "Termination",
+]
+
+
+# --------------------------------------------------------------------------- the data model's vocabularies
+# (read by horizonrl.trajectory and horizonrl.credit; config vocabularies follow below)
+
+
+class Termination(enum.StrEnum):
+    """Why a rollout ended (``Rollout.termination``; written by the agents, read by metrics and credit).
+
+    ``done``: the environment ended the episode (or the agent gave its answer); ``max_turns``: the turn
+    limit (``rollout.max_turns``) was reached; ``context``: the next generation did not fit the context
+    budget (``rollout.overflow=fail``, or no room left); ``truncated``: the episode was cut without
+    an end of its own; ``overlong``: a summary or memory agent exceeded its allowed reconstructions
+    (SUPO and ECHO treat it as a failure, :mod:`horizonrl.credit.supo`, :mod:`horizonrl.credit.echo`);
+    ``error``: the rollout failed (ECHO's default invalid termination). The values are what rollout
+    files hold; the field is a plain string there and compares equal to these members.
+    """
+
+    DONE = "done"
+    MAX_TURNS = "max_turns"
+    CONTEXT = "context"
+    TRUNCATED = "truncated"
+    OVERLONG = "overlong"
+    ERROR = "error"
+
+
+class SegmentKind(enum.StrEnum):
+    """What a segment (session) of a rollout is (``Segment.kind``, :mod:`horizonrl.trajectory.types`).
+
+    ``normal``: the agent's main context; ``compaction``: a context rebuilt from a compaction summary;
+    ``subagent``: a forked child context; ``selection``: an ECHO memory-selection call; ``summary``: a
+    rolling-summary (SUPO) call. ``selection``, ``summary`` and ``compaction`` are generated on top of
+    their parent's context (:data:`horizonrl.trajectory.rows.SIDE_SESSIONS`).
+    """
+
+    NORMAL = "normal"
+    COMPACTION = "compaction"
+    SUBAGENT = "subagent"
+    SELECTION = "selection"
+    SUMMARY = "summary"
+
+
+class SpanLabel(enum.StrEnum):
+    """The label of a :class:`~horizonrl.trajectory.Span` of a turn's generated tokens.
+
+    ``action`` / ``finding`` / ``selection``: ECHO's provenance spans (:mod:`horizonrl.credit.echo`);
+    ``summary``: a written summary; ``answer``: the final answer; ``think``: reasoning tokens.
+    """
+
+    ACTION = "action"
+    FINDING = "finding"
+    SELECTION = "selection"
+    SUMMARY = "summary"
+    ANSWER = "answer"
+    THINK = "think"
+
+
+class ObsKey(enum.StrEnum):
+    """What step-level estimators match observations on (``algo.estimator_params.obs_key`` of ``ccpo``,
+    ``gigpo``, ``grpo_steps``, ``hgpo``; :func:`horizonrl.credit.ccpo_features.observation_mode`).
+
+    ``text``: the observation text the policy saw (the papers' setting); ``state``: the environment's
+    full state key (``StepResult.obs_key``, a "perfect anchor" ablation); ``turn``: each turn's own
+    ``Turn.obs_key``.
+    """
+
+    TEXT = "text"
+    STATE = "state"
+    TURN = "turn"
+
+
+# --------------------------------------------------------------------------- config vocabularies
+
+
+class PolicyLoss(enum.StrEnum):
+    """The policy-gradient loss (``algo.policy_loss``, :mod:`horizonrl.train.update.ppo`): ``ppo``, the
+    clipped surrogate, or ``reinforce``, the unclipped ``-A * ratio`` (with ``loss_agg_mode``
+    ``seq-mean-token-sum``, RLOO's sequence-level REINFORCE)."""
+
+    PPO = "ppo"
+    REINFORCE = "reinforce"
+
+
+class Precision(enum.StrEnum):
+    """Compute precision of the update's forward passes (``train.precision``,
+    :mod:`horizonrl.train.update.lean`): ``fp32``, or ``bf16`` under ``torch.autocast`` with parameters,
+    gradients and optimizer state kept in ``model.dtype``."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
 
 
 class AggMode(enum.StrEnum):

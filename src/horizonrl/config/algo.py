@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from horizonrl.config.fields import _Section, opt
 from horizonrl.errors import ConfigError
-from horizonrl.vocab import AggMode, OldLogprobs, TISLevel, TISMode
+from horizonrl.vocab import AggMode, OldLogprobs, PolicyLoss, TISLevel, TISMode
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class AlgoConfig(_Section):
         "ppo",
         "'ppo' (clipped surrogate) or 'reinforce' (unclipped -A * ratio; RLOO's sequence-level REINFORCE "
         "with loss_agg_mode seq-mean-token-sum)",
-        choices=("ppo", "reinforce"),
+        choices=tuple(m.value for m in PolicyLoss),
     )
     loss_norm_tokens: int | None = opt(
         None,

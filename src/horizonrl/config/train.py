@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from horizonrl.config.fields import LOGGERS, MAX_SEED, _Section, opt
 from horizonrl.errors import ConfigError
+from horizonrl.vocab import Precision
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class TrainConfig(_Section):
         "them under torch.autocast to bfloat16 while parameters, gradients and AdamW state stay in "
         "model.dtype (use model.dtype float32 with it: fp32 master weights; model.dtype bfloat16 keeps the "
         "optimizer state in bf16 too); log-probs after the LM head are float32 either way",
-        choices=("fp32", "bf16"),
+        choices=tuple(m.value for m in Precision),
     )
     logprob_chunk_tokens: int = opt(
         0,

@@ -10,6 +10,8 @@ defined with.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,14 +27,29 @@ def per_group(groups: Sequence[Group], fn: Callable[[list[float]], np.ndarray]) 
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
+@dataclass(frozen=True)
+class GRPOParams:
+    """The parameters of ``grpo`` and ``broadcast`` (``algo.estimator_params``)."""
+
+    normalize_std: bool = True
+    """Divide by the group's reward std (ddof=1): ``(R_i - mean R) / (std R + eps)``; False gives
+    ``R_i - mean R``."""
+    eps: float = 1e-6
+    """Added to the std in the denominator."""
+
+
 @register_estimator(
     "grpo",
     loss_agg_mode="rollout-mean-token-mean",
     agg_source="DeepSeekMath GRPO / RTPO Eq. 1: (1/G) sum_i (1/|o_i|) sum_t, o_i = all of rollout i's tokens",
+    params=GRPOParams,
 )
-def grpo(groups: Sequence[Group], *, normalize_std: bool = True, eps: float = 1e-6) -> TokenAdvantages:
-    """GRPO: A_i = (R_i - mean R) / (std R + eps) (ddof=1) on every response token (baselines.md)."""
-    values = per_group(groups, lambda r: group_advantage(r, normalize_std=normalize_std, eps=eps))
+def grpo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
+    """GRPO: A_i = (R_i - mean R) / (std R + eps) (ddof=1) on every response token (baselines.md).
+
+    ``params``: :class:`GRPOParams`."""
+    p = GRPOParams(**params)
+    values = per_group(groups, lambda r: group_advantage(r, normalize_std=p.normalize_std, eps=p.eps))
     return broadcast_to_tokens(groups, values)
 
 
@@ -63,14 +80,16 @@ def rloo(groups: Sequence[Group]) -> TokenAdvantages:
     "broadcast",
     loss_agg_mode="rollout-mean-token-mean",
     agg_source="Mosaic Sec. 2.2: per-rollout token weighting across sessions",
+    params=GRPOParams,
 )
-def broadcast(groups: Sequence[Group], *, normalize_std: bool = True, eps: float = 1e-6) -> TokenAdvantages:
+def broadcast(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     """Broadcasting: the GRPO advantage on every session, rollout-mean-token-mean loss (baselines.md).
 
     The Mosaic paper's multi-session baseline: the same per-token values and the
     same default aggregation as ``grpo`` (GRPO's per-trajectory mean is per rollout
     over all its sessions), so a rollout with many sessions does not outweigh a
-    rollout with one; the name marks the multi-session comparison.
+    rollout with one; the name marks the multi-session comparison. ``params``: :class:`GRPOParams`.
     """
-    values = per_group(groups, lambda r: group_advantage(r, normalize_std=normalize_std, eps=eps))
+    p = GRPOParams(**params)
+    values = per_group(groups, lambda r: group_advantage(r, normalize_std=p.normalize_std, eps=p.eps))
     return broadcast_to_tokens(groups, values)

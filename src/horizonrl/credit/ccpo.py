@@ -45,7 +45,8 @@ depend on the order of the input rows. Everything is float64 NumPy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,7 @@ from horizonrl.credit.ccpo_features import (
 )
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
+from horizonrl.vocab import ObsKey
 
 KERNELS = ("exp", "cosine", "uniform")
 EPISODE_NORMS = ("zscore", "center")
@@ -106,6 +108,64 @@ class PeerReadout:
     peers: np.ndarray | None = None
     trajectories: np.ndarray | None = None
     task_baseline: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class CCPOParams:
+    """The parameters of CCPO (``algo.estimator_params`` of ``algo.estimator=ccpo``; module docstring).
+
+    Defaults are the paper's (``gamma=0.95``, ``K_F = horizon = 2``, ``tau_B = 0.15 m~_B``,
+    ``eta = 0.1``). Ablation switches (App. B, Table S3): ``kernel="uniform"|"cosine"``,
+    ``summary_weight=0`` (w/o context summary), ``exclude_self=False``, ``history_weight=0`` (future
+    only), ``future_weight=0`` (history only); ``episode_weight=1`` is the ``A_CC + A_EP`` variant.
+    Released-code options (docs/released_recipes.md): ``kappa`` and ``episode_adv_norm="center"``.
+    Values are checked when the credit is computed (:func:`contextual_credit`).
+    """
+
+    gamma: float = 0.95
+    """Discount ``gamma`` in (0, 1] of the targets ``Y = gamma^(T-1-t) R - eta 1[invalid]`` and
+    ``Z = gamma^(T-t) R``."""
+    horizon: int = 2
+    """Future-credit horizon ``K_F`` (Eq. 6): ``t+ = min(t + horizon, T)``; a non-negative integer."""
+    kernel_scale: float = 0.15
+    """Bandwidth factor (App. C.2): ``tau_B = kernel_scale * m~_B``; positive."""
+    eta: float = 0.1
+    """Invalid-action penalty ``eta`` in the target ``Y`` and in the episode channel
+    ``e = R - eta 1[invalid]``."""
+    final_standardize: bool = True
+    """Standardize the credits per task with one shared scale (Eq. 11); False keeps ``A^d = C^d``."""
+    episode_weight: float = 0.0
+    """Weight of the episode channel ``A^EP`` added to ``A^CC`` (1: the ``A_CC + A_EP`` variant)."""
+    kernel: str = "exp"
+    """Peer weights: ``exp`` (the paper, ``w = exp(-d / tau_B)``), ``uniform`` (``w = 1``) or ``cosine``
+    (``w = max(cos, 0)``, our reconstruction of the paper's ablation); :data:`KERNELS`."""
+    summary_weight: float = 1.0
+    """Weight of the context summary in the features ``phi`` (0: the "w/o context summary" ablation);
+    read by :func:`contextual_credit` (:func:`contextual_credit_from_features` takes ``phi`` as given)."""
+    exclude_self: bool = True
+    """Exact peers come from other trajectories only (False: the "w/o self-trajectory peer exclusion"
+    ablation)."""
+    history_weight: float = 1.0
+    """Weight of the historical credit ``C^H`` (0: future only)."""
+    future_weight: float = 1.0
+    """Weight of the future credit ``C^F`` (0: history only)."""
+    kappa: float = 0.0
+    """Credibility shrinkage of exact-peer readouts toward the task baseline,
+    ``(J B + kappa b_task) / (J + kappa)`` (released code; 0 is the paper text); >= 0."""
+    episode_adv_norm: str = "zscore"
+    """Episode channel over a task's rows: ``zscore`` (standardized) or ``center`` (``e - mean e``, in
+    reward units, the authors' WebShop protocol); :data:`EPISODE_NORMS`."""
+    obs_key: str = ObsKey.TEXT.value
+    """What peers are matched on (read by the ``ccpo`` estimator when it builds the steps): ``text``
+    (the paper: the observation text the policy saw), ``state`` (the environment's ``obs_key``, a
+    "perfect anchor" ablation) or ``turn``
+    (:func:`~horizonrl.credit.ccpo_features.prompt_observations`)."""
+
+
+def _params(params: CCPOParams | None, overrides: dict[str, Any]) -> CCPOParams:
+    """``params`` (default :class:`CCPOParams`) with ``overrides`` (keyword names of its fields)."""
+    base = CCPOParams() if params is None else params
+    return replace(base, **overrides) if overrides else base
 
 
 # ----------------------------------------------------------------- readout
@@ -275,70 +335,36 @@ def _grouped_center(
 
 
 def contextual_credit(
-    steps: StepBatch,
-    hidden: np.ndarray,
-    *,
-    gamma: float = 0.95,
-    horizon: int = 2,
-    kernel_scale: float = 0.15,
-    eta: float = 0.1,
-    final_standardize: bool = True,
-    episode_weight: float = 0.0,
-    kernel: str = "exp",
-    summary_weight: float = 1.0,
-    exclude_self: bool = True,
-    history_weight: float = 1.0,
-    future_weight: float = 1.0,
-    kappa: float = 0.0,
-    episode_adv_norm: str = "zscore",
+    steps: StepBatch, hidden: np.ndarray, params: CCPOParams | None = None, **overrides: Any
 ) -> ContextualCredit:
     """CCPO step advantages for the rows of ``steps`` from frozen-model states ``hidden`` [N, D].
 
-    Defaults are the paper's (``gamma=0.95``, ``K_F = horizon = 2``,
-    ``tau_B = 0.15 m~_B``, ``eta = 0.1``). Ablation switches (App. B, Table S3):
-    ``kernel="uniform"|"cosine"``, ``summary_weight=0`` (w/o context summary),
-    ``exclude_self=False``, ``history_weight=0`` (future only), ``future_weight=0``
-    (history only). ``episode_weight=1`` is the ``A_CC + A_EP`` variant. Released-code options
-    (docs/released_recipes.md): ``kappa`` (credibility shrinkage; 0 = paper text) and
-    ``episode_adv_norm="center"``. See the module docstring for every formula.
+    ``params`` (default :class:`CCPOParams`, the paper's settings) with ``overrides`` by field name,
+    e.g. ``contextual_credit(steps, hidden, kappa=2.0)``; ``obs_key`` is not read here (``steps``
+    already carry their observations). See the module docstring for every formula.
     """
+    p = _params(params, overrides)
     if len(steps) == 0:
         return _empty()
     first, inverse, counts = unique_steps(steps)
     unique = steps.take(first)
     phi = context_features(
-        unique, merge_duplicates(hidden, first, inverse, counts), summary_weight=summary_weight
+        unique, merge_duplicates(hidden, first, inverse, counts), summary_weight=p.summary_weight
     )
-    return _credit(unique, phi, inverse, counts, gamma, horizon, kernel_scale, eta, final_standardize,
-                   episode_weight, kernel, exclude_self, history_weight, future_weight, kappa,
-                   episode_adv_norm)  # fmt: skip
+    return _credit(unique, phi, inverse, counts, p)
 
 
 def contextual_credit_from_features(
-    steps: StepBatch,
-    features: np.ndarray,
-    *,
-    gamma: float = 0.95,
-    horizon: int = 2,
-    kernel_scale: float = 0.15,
-    eta: float = 0.1,
-    final_standardize: bool = True,
-    episode_weight: float = 0.0,
-    kernel: str = "exp",
-    exclude_self: bool = True,
-    history_weight: float = 1.0,
-    future_weight: float = 1.0,
-    kappa: float = 0.0,
-    episode_adv_norm: str = "zscore",
+    steps: StepBatch, features: np.ndarray, params: CCPOParams | None = None, **overrides: Any
 ) -> ContextualCredit:
-    """:func:`contextual_credit` with precomputed context features ``phi`` [N, F] instead of hidden states."""
+    """:func:`contextual_credit` with precomputed context features ``phi`` [N, F] instead of hidden states
+    (``summary_weight`` and ``obs_key`` are not read)."""
+    p = _params(params, overrides)
     if len(steps) == 0:
         return _empty()
     first, inverse, counts = unique_steps(steps)
     phi = merge_duplicates(features, first, inverse, counts)
-    return _credit(steps.take(first), phi, inverse, counts, gamma, horizon, kernel_scale, eta,
-                   final_standardize, episode_weight, kernel, exclude_self, history_weight,
-                   future_weight, kappa, episode_adv_norm)  # fmt: skip
+    return _credit(steps.take(first), phi, inverse, counts, p)
 
 
 def _empty() -> ContextualCredit:
@@ -347,43 +373,28 @@ def _empty() -> ContextualCredit:
 
 
 def _credit(
-    u: StepBatch,
-    phi: np.ndarray,
-    inverse: np.ndarray,
-    counts: np.ndarray,
-    gamma: float,
-    horizon: int,
-    kernel_scale: float,
-    eta: float,
-    final_standardize: bool,
-    episode_weight: float,
-    kernel: str,
-    exclude_self: bool,
-    history_weight: float,
-    future_weight: float,
-    kappa: float,
-    episode_adv_norm: str,
+    u: StepBatch, phi: np.ndarray, inverse: np.ndarray, counts: np.ndarray, p: CCPOParams
 ) -> ContextualCredit:
-    if episode_adv_norm not in EPISODE_NORMS:
-        raise ValueError(f"episode_adv_norm must be one of {EPISODE_NORMS}, got {episode_adv_norm!r}")
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-    if kernel_scale <= 0:
-        raise ValueError(f"kernel_scale must be positive, got {kernel_scale}")
-    if int(horizon) != horizon or horizon < 0:
-        raise ValueError(f"horizon must be a non-negative integer, got {horizon}")
+    if p.episode_adv_norm not in EPISODE_NORMS:
+        raise ValueError(f"episode_adv_norm must be one of {EPISODE_NORMS}, got {p.episode_adv_norm!r}")
+    if not 0.0 < p.gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {p.gamma}")
+    if p.kernel_scale <= 0:
+        raise ValueError(f"kernel_scale must be positive, got {p.kernel_scale}")
+    if int(p.horizon) != p.horizon or p.horizon < 0:
+        raise ValueError(f"horizon must be a non-negative integer, got {p.horizon}")
     task, traj = trajectory_codes(u)
     t, big_t, r = u.steps, u.lengths, u.rewards
-    penalty = eta * u.invalid
-    y, z = _targets(u, gamma, eta)
+    penalty = p.eta * u.invalid
+    y, z = _targets(u, p.gamma, p.eta)
     ro = peer_readout(phi, task, traj, factorize(u.observations), np.stack([y, z], axis=1),
-                      kernel_scale=kernel_scale, kernel=kernel, exclude_self=exclude_self,
-                      kappa=kappa)  # fmt: skip
+                      kernel_scale=p.kernel_scale, kernel=p.kernel, exclude_self=p.exclude_self,
+                      kappa=p.kappa)  # fmt: skip
     sup = ro.supported
     c_hist = np.where(sup, y - ro.values[:, 0], 0.0)
     # Future credit: V at both endpoints; the terminal endpoint is R_i.
     value = np.where(sup, ro.values[:, 1], np.nan)
-    t_plus = np.minimum(t + int(horizon), big_t)
+    t_plus = np.minimum(t + int(p.horizon), big_t)
     v_plus = np.where(t_plus == big_t, r, np.nan)
     span = int(big_t.max(initial=0)) + 1
     keys = traj * span + t  # one per unique row
@@ -395,18 +406,18 @@ def _credit(
     dv = v_plus - value
     eligible = np.isfinite(dv)
     c_fut = _grouped_z(np.where(eligible, dv, 0.0), task, eligible, np.ones(len(u)))
-    c_hist, c_fut = history_weight * c_hist, future_weight * c_fut
+    c_hist, c_fut = p.history_weight * c_hist, p.future_weight * c_fut
     # Final per-task transformation over the restored supported rows (duplicates counted).
-    if final_standardize:
+    if p.final_standardize:
         a_hist, a_fut = _shared_scale(c_hist, c_fut, task, sup, counts)
     else:
         a_hist, a_fut = c_hist, c_fut
     everyone = np.ones(len(u), bool)
-    if episode_adv_norm == "zscore":
+    if p.episode_adv_norm == "zscore":
         episode = _grouped_z(r - penalty, task, everyone, counts)
     else:
         episode = _grouped_center(r - penalty, task, everyone, counts)
-    adv = a_hist + a_fut + episode_weight * episode
+    adv = a_hist + a_fut + p.episode_weight * episode
     return ContextualCredit(
         advantage=adv[inverse],
         historical=a_hist[inverse],
@@ -427,14 +438,10 @@ def _targets(u: StepBatch, gamma: float, eta: float) -> tuple[np.ndarray, np.nda
 def peer_diagnostics(
     steps: StepBatch,
     hidden: np.ndarray,
+    params: CCPOParams | None = None,
     *,
-    gamma: float = 0.95,
-    eta: float = 0.1,
-    kernel_scale: float = 0.15,
-    kernel: str = "exp",
-    summary_weight: float = 1.0,
-    exclude_self: bool = True,
     kappa: float = 2.0,
+    **overrides: Any,
 ) -> dict[str, float]:
     """How thin the historical readout's support is and how far it moves from the task baseline.
 
@@ -445,19 +452,24 @@ def peer_diagnostics(
     all unique steps with ``J`` in {1, 2}), ``baseline_gap_rms`` and ``baseline_gap_rms_thin`` (root
     mean square of ``gap`` over those steps and over the thin ones; 0 when there are none) and
     ``baseline_gap_rms_kappa`` (of the shrunk gap). Diagnostics of issue 27's seed-instability question;
-    the advantages do not use them.
+    the advantages do not use them. ``params`` / ``overrides``: the run's :class:`CCPOParams` (its
+    ``gamma``, ``eta``, ``kernel_scale``, ``kernel``, ``summary_weight`` and ``exclude_self`` are read;
+    its ``kappa`` is not: ``kappa`` here is the probe's).
     """
+    p = _params(params, overrides)
     if not kappa >= 0.0:
         raise ValueError(f"kappa must be >= 0, got {kappa}")
     if len(steps) == 0:
         return {}
     first, inverse, counts = unique_steps(steps)
     u = steps.take(first)
-    phi = context_features(u, merge_duplicates(hidden, first, inverse, counts), summary_weight=summary_weight)
+    phi = context_features(
+        u, merge_duplicates(hidden, first, inverse, counts), summary_weight=p.summary_weight
+    )
     task, traj = trajectory_codes(u)
-    y, _ = _targets(u, gamma, eta)
-    ro = peer_readout(phi, task, traj, factorize(u.observations), y, kernel_scale=kernel_scale,
-                      kernel=kernel, exclude_self=exclude_self)  # fmt: skip
+    y, _ = _targets(u, p.gamma, p.eta)
+    ro = peer_readout(phi, task, traj, factorize(u.observations), y, kernel_scale=p.kernel_scale,
+                      kernel=p.kernel, exclude_self=p.exclude_self)  # fmt: skip
     j = ro.trajectories
     gap = ro.values[:, 0] - ro.task_baseline[:, 0]
     exact, thin = j >= 1, (j >= 1) & (j <= 2)
@@ -505,57 +517,20 @@ def _shared_scale(
 # ----------------------------------------------------------------- registered estimator
 
 
-@register_estimator("ccpo", loss_agg_mode="token-mean", needs=("hidden",))
-def ccpo(
-    groups: Sequence[Group],
-    *,
-    hidden: np.ndarray | None = None,
-    gamma: float = 0.95,
-    horizon: int = 2,
-    kernel_scale: float = 0.15,
-    eta: float = 0.1,
-    final_standardize: bool = True,
-    episode_weight: float = 0.0,
-    kernel: str = "exp",
-    summary_weight: float = 1.0,
-    exclude_self: bool = True,
-    history_weight: float = 1.0,
-    future_weight: float = 1.0,
-    kappa: float = 0.0,
-    episode_adv_norm: str = "zscore",
-    obs_key: str = "text",
-) -> TokenAdvantages:
+@register_estimator("ccpo", loss_agg_mode="token-mean", needs=("hidden",), params=CCPOParams)
+def ccpo(groups: Sequence[Group], *, hidden: np.ndarray | None = None, **params: Any) -> TokenAdvantages:
     """CCPO: contextual step credit from observation-matched peers, on every response token of the step.
 
     ``hidden`` [N, D]: frozen-model final-layer states of the last prompt token,
     one row per turn in the order of :func:`step_batch_from_groups` (computed by
-    the trainer; credit never runs a model). ``obs_key`` is what peers are matched
-    on: ``text`` (default, the paper's setting: the observation text the policy saw,
-    exact string equality), ``state`` (the environment's full hidden-state key, a
-    "perfect anchor" ablation) or ``turn`` (see
-    :func:`~horizonrl.credit.ccpo_features.prompt_observations`); the other
-    parameters are those of :func:`contextual_credit`.
+    the trainer; credit never runs a model). ``params``: the fields of :class:`CCPOParams`
+    (``obs_key``, what peers are matched on, and those of :func:`contextual_credit`).
     """
+    p = CCPOParams(**params)
     if hidden is None:
         raise ValueError("the ccpo estimator needs hidden=[N, D] frozen-model states, one row per turn")
-    steps = step_batch_from_groups(groups, observation=observation_mode(obs_key))
-    out = contextual_credit(
-        steps,
-        hidden,
-        gamma=gamma,
-        horizon=horizon,
-        kernel_scale=kernel_scale,
-        eta=eta,
-        final_standardize=final_standardize,
-        episode_weight=episode_weight,
-        kernel=kernel,
-        summary_weight=summary_weight,
-        exclude_self=exclude_self,
-        history_weight=history_weight,
-        future_weight=future_weight,
-        kappa=kappa,
-        episode_adv_norm=episode_adv_norm,
-    )
+    steps = step_batch_from_groups(groups, observation=observation_mode(p.obs_key))
+    out = contextual_credit(steps, hidden, p)
     side_info.record_turn_columns(
         groups,
         supported=out.supported,

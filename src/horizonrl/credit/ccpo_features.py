@@ -30,6 +30,7 @@ import numpy as np
 
 from horizonrl.credit.broadcast import broadcast_turn_values
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+from horizonrl.vocab import ObsKey
 
 THERMOMETER_DIMS = 12
 STEP_BOUND = 30  # elapsed steps t
@@ -160,7 +161,8 @@ def _prompt_key(turn: Any) -> str:
     return "prompt:" + hashlib.sha1(np.asarray(turn.prompt_ids, dtype=np.int64).tobytes()).hexdigest()
 
 
-OBS_KEYS = {"text": "text", "state": "prompt", "turn": "turn"}
+#: :class:`~horizonrl.vocab.ObsKey` (an estimator's ``obs_key``) -> :func:`prompt_observations` mode
+OBS_KEYS = {ObsKey.TEXT.value: "text", ObsKey.STATE.value: "prompt", ObsKey.TURN.value: "turn"}
 
 
 def observation_mode(obs_key: str) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -52,10 +53,11 @@ from horizonrl.credit.echo_graph import (
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+from horizonrl.vocab import Termination
 
 SIGN_RULES = ("positive", "signed")
 #: ``Rollout.termination`` values that make a rollout invalid for ECHO's group baseline.
-ECHO_INVALID_TERMINATIONS = ("error",)
+ECHO_INVALID_TERMINATIONS = (Termination.ERROR.value,)
 OVERLONG_RULES = ("failure", "exclude")
 CREDIT_RULES = ("token", "graph")
 
@@ -205,25 +207,47 @@ def echo_token_mask(rollout: Rollout, *, dense: bool = False) -> list[list[np.nd
     return _unflatten(prov.mask(dense=dense), prov.lengths)
 
 
-@register_estimator("echo", loss_agg_mode="token-mean")
-def echo(
-    groups: Sequence[Group],
-    *,
-    sign_rule: str = "positive",
-    dense: bool = False,
-    invalid_terminations: Sequence[str] = ECHO_INVALID_TERMINATIONS,
-    overlong: str = "failure",
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-    std_ddof: int = 1,
-    credit: str = "token",
-    gamma_turn: float = 1.0,
-    gamma_segment: float = 0.9,
-    graph_aggregation: str = "sum",
-    graph_clip: float | None = 1.0,
-    graph_version: int = 2,
-    neg_penalty: float = 0.0,
-) -> TokenAdvantages:
+@dataclass(frozen=True)
+class ECHOParams:
+    """The parameters of ``echo`` (``algo.estimator_params``; :func:`echo` gives the rules in full)."""
+
+    sign_rule: str = "positive"
+    """``positive``: ``max(A, 0)`` (the paper, Eq. 14); ``signed``: ``A`` itself (older released code)."""
+    dense: bool = False
+    """Credit every generated token instead of the traceable mask ``mu`` (the "w/o Traceable CA"
+    ablation with ``sign_rule="signed"``)."""
+    invalid_terminations: Sequence[str] = ECHO_INVALID_TERMINATIONS
+    """``Rollout.termination`` values that make a rollout invalid: out of the group's mean/std and 0
+    on every token (default ``("error",)``; one string counts as a one-element list)."""
+    overlong: str = "failure"
+    """Overlong rollouts are failures in the baseline with reward 0 (``failure``, paper §5.1/C.1) or
+    leave it (``exclude``, the released rule, :func:`_excludes_overlong`); either way 0 on their tokens."""
+    normalize_std: bool = True
+    """Divide the group advantage by the std of the valid rewards."""
+    eps: float = 1e-6
+    """Added to that std."""
+    std_ddof: int = 1
+    """1: sample std (the paper's GRPO); 0: population std (the authors' released baseline)."""
+    credit: str = "token"
+    """``token``: the binary mask ``mu`` (the paper); ``graph``: memory-graph weights ``w_q``
+    (:mod:`horizonrl.credit.echo_graph`, the authors' newer released code)."""
+    gamma_turn: float = 1.0
+    """Graph credit: decay per turn along memory edges, in [0, 1]."""
+    gamma_segment: float = 0.9
+    """Graph credit: decay per segment (reconstruction) crossed, in [0, 1]."""
+    graph_aggregation: str = "sum"
+    """Graph credit: how a node's paths to the outcome combine, ``sum`` or ``max``."""
+    graph_clip: float | None = 1.0
+    """Graph credit: cap on a node's weight (positive; None: no cap)."""
+    graph_version: int = 2
+    """Graph credit: 2 (typed memory graph) or 1 (untyped)."""
+    neg_penalty: float = 0.0
+    """In [0, 1] (released ``ECHO_NEG_PENALTY_RATIO``; 0 is the paper): a rollout with ``A < 0`` gets
+    ``neg_penalty * A`` on every generated token; needs ``sign_rule="positive"``."""
+
+
+@register_estimator("echo", loss_agg_mode="token-mean", params=ECHOParams)
+def echo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
 
     - ``A``: :func:`valid_group_advantage`; a rollout is *valid* unless its ``termination`` is in
@@ -253,71 +277,79 @@ def echo(
       are pushed down too; positive credit is unchanged. Needs ``sign_rule="positive"``.
 
     Trainer defaults for ECHO (spec/echo.md "Loss", spec/baselines.md): ``token-mean`` aggregation,
-    PPO clip ``e_lo = 0.2, e_hi = 0.28`` (dual clip ``c = 3``), no KL penalty.
+    PPO clip ``e_lo = 0.2, e_hi = 0.28`` (dual clip ``c = 3``), no KL penalty. ``params``:
+    :class:`ECHOParams`.
     """
-    if sign_rule not in SIGN_RULES:
-        raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {sign_rule!r}")
-    if std_ddof not in (0, 1):
-        raise ValueError(f"std_ddof must be 0 (population std) or 1 (sample std), got {std_ddof!r}")
-    if overlong not in OVERLONG_RULES:
-        raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {overlong!r}")
-    if credit not in CREDIT_RULES:
-        raise ValueError(f"credit must be one of {CREDIT_RULES}, got {credit!r}")
-    if graph_aggregation not in AGGREGATIONS:
-        raise ValueError(f"graph_aggregation must be one of {AGGREGATIONS}, got {graph_aggregation!r}")
+    p = ECHOParams(**params)
+    if p.sign_rule not in SIGN_RULES:
+        raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {p.sign_rule!r}")
+    if p.std_ddof not in (0, 1):
+        raise ValueError(f"std_ddof must be 0 (population std) or 1 (sample std), got {p.std_ddof!r}")
+    if p.overlong not in OVERLONG_RULES:
+        raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {p.overlong!r}")
+    if p.credit not in CREDIT_RULES:
+        raise ValueError(f"credit must be one of {CREDIT_RULES}, got {p.credit!r}")
+    if p.graph_aggregation not in AGGREGATIONS:
+        raise ValueError(f"graph_aggregation must be one of {AGGREGATIONS}, got {p.graph_aggregation!r}")
     for name, v in (
-        ("gamma_turn", gamma_turn),
-        ("gamma_segment", gamma_segment),
-        ("neg_penalty", neg_penalty),
+        ("gamma_turn", p.gamma_turn),
+        ("gamma_segment", p.gamma_segment),
+        ("neg_penalty", p.neg_penalty),
     ):
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
-    if graph_clip is not None and (
-        isinstance(graph_clip, bool) or not isinstance(graph_clip, int | float) or graph_clip <= 0
+    if p.graph_clip is not None and (
+        isinstance(p.graph_clip, bool) or not isinstance(p.graph_clip, int | float) or p.graph_clip <= 0
     ):
-        raise ValueError(f"graph_clip must be a positive number or null, got {graph_clip!r}")
-    if neg_penalty > 0 and sign_rule != "positive":
+        raise ValueError(f"graph_clip must be a positive number or null, got {p.graph_clip!r}")
+    if p.neg_penalty > 0 and p.sign_rule != "positive":
         raise ValueError(
             "neg_penalty > 0 adds the dense negative update to the positive rule; use sign_rule='positive'"
         )
-    if graph_version not in GRAPH_VERSIONS:
-        raise ValueError(f"graph_version must be one of {GRAPH_VERSIONS}, got {graph_version!r}")
+    if p.graph_version not in GRAPH_VERSIONS:
+        raise ValueError(f"graph_version must be one of {GRAPH_VERSIONS}, got {p.graph_version!r}")
     graph = {
-        "gamma_turn": gamma_turn,
-        "gamma_segment": gamma_segment,
-        "aggregation": graph_aggregation,
-        "clip": graph_clip,
+        "gamma_turn": p.gamma_turn,
+        "gamma_segment": p.gamma_segment,
+        "aggregation": p.graph_aggregation,
+        "clip": p.graph_clip,
     }
-    base_bad = {invalid_terminations} if isinstance(invalid_terminations, str) else set(invalid_terminations)
+    base_bad = (
+        {p.invalid_terminations} if isinstance(p.invalid_terminations, str) else set(p.invalid_terminations)
+    )
     out: TokenAdvantages = []
     for group in groups:
         bad = set(base_bad)
-        if overlong == "exclude" and _excludes_overlong(group, base_bad):
-            bad.add("overlong")
+        if p.overlong == "exclude" and _excludes_overlong(group, base_bad):
+            bad.add(Termination.OVERLONG.value)
         valid = [r.termination not in bad for r in group.rollouts]
-        rewards = [0.0 if r.termination == "overlong" else r.reward for r in group.rollouts]
-        signed = valid_group_advantage(rewards, valid, normalize_std=normalize_std, eps=eps, ddof=std_ddof)
-        adv = np.maximum(signed, 0.0) if sign_rule == "positive" else signed
-        trained = [ok and r.termination != "overlong" for r, ok in zip(group.rollouts, valid, strict=True)]
+        rewards = [0.0 if r.termination == Termination.OVERLONG else r.reward for r in group.rollouts]
+        signed = valid_group_advantage(
+            rewards, valid, normalize_std=p.normalize_std, eps=p.eps, ddof=p.std_ddof
+        )
+        adv = np.maximum(signed, 0.0) if p.sign_rule == "positive" else signed
+        trained = [
+            ok and r.termination != Termination.OVERLONG for r, ok in zip(group.rollouts, valid, strict=True)
+        ]
         for rollout, a, raw, ok in zip(group.rollouts, adv, signed, trained, strict=True):
             side_info.record_side_info(len(out), rollout={"valid": ok, "A": float(a)})
             if not ok:  # may have stopped mid-selection with no final context: no mask needed
                 out.append([[np.zeros(t.num_response_tokens) for t in seg.turns] for seg in rollout.segments])
                 continue
-            if neg_penalty > 0 and raw < 0:  # the released dense update of a failed rollout
-                value = float(neg_penalty * raw)
+            if p.neg_penalty > 0 and raw < 0:  # the released dense update of a failed rollout
+                value = float(p.neg_penalty * raw)
                 out.append(
                     [[np.full(t.num_response_tokens, value) for t in seg.turns] for seg in rollout.segments]
                 )
                 continue
-            if credit == "graph" and not dense and len(rollout.segments) > 1:
-                weights = _graph_token_weights(len(out), rollout, graph, graph_version)
+            if p.credit == "graph" and not p.dense and len(rollout.segments) > 1:
+                weights = _graph_token_weights(len(out), rollout, graph, p.graph_version)
                 if weights is not None:
                     out.append([[float(a) * w for w in seg] for seg in weights])
                     continue
-            mask = echo_token_mask(rollout, dense=dense)
+            mask = echo_token_mask(rollout, dense=p.dense)
             if side_info.collecting():
-                _record_side_info(len(out), rollout, mask, dense)
+                _record_side_info(len(out), rollout, mask, p.dense)
             out.append([[np.where(m, float(a), 0.0) for m in seg] for seg in mask])
     return out
 
@@ -326,7 +358,7 @@ def _excludes_overlong(group: Group, bad: set[str]) -> bool:
     """``overlong="exclude"`` as the released code applies it: overlong rollouts leave the baseline
     unless exactly one other valid rollout would remain in a group of several, which then keeps the
     overlong ones as failures (reward 0); with none left every rollout gets 0 either way."""
-    kept = sum(r.termination not in bad and r.termination != "overlong" for r in group.rollouts)
+    kept = sum(r.termination not in bad and r.termination != Termination.OVERLONG for r in group.rollouts)
     return not (kept == 1 and len(group.rollouts) > 1)
 
 

@@ -50,6 +50,8 @@ weighting (``drop_zero_items=True``). ``ddof=1, drop_zero_items=False`` keeps th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +64,7 @@ from horizonrl.credit.ccpo_features import (
 from horizonrl.credit.group import group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, Rollout, TokenAdvantages
+from horizonrl.vocab import ObsKey
 
 MODES = ("mean_norm", "mean_std_norm")
 
@@ -267,67 +270,115 @@ def _step_arrays(groups: Sequence[Group], gamma: float, eta: float, obs_key: str
     return steps, returns
 
 
-@register_estimator("gigpo", loss_agg_mode="token-mean")
-def gigpo(
-    groups: Sequence[Group],
-    *,
-    mode: str = "mean_norm",
-    omega: float = 1.0,
-    gamma: float = 0.95,
-    eps: float = 1e-6,
-    eta: float = 0.0,
-    obs_key: str = "text",
-    episode: str = "trajectory",
-) -> TokenAdvantages:
+@dataclass(frozen=True)
+class GiGPOParams:
+    """The parameters of ``gigpo`` (``algo.estimator_params``; module docstring)."""
+
+    mode: str = "mean_norm"
+    """Normalizer ``F`` of both terms: ``mean_norm`` (``F = 1``, the published default) or
+    ``mean_std_norm`` (``F = std + eps``, sample std); :data:`MODES`."""
+    omega: float = 1.0
+    """Weight of the anchor-state step term ``A^S`` (0: the episode term alone)."""
+    gamma: float = 0.95
+    """Discount of the step returns ``R_{i,t} = sum_{u >= t} gamma^(u-t) r_{i,u}``."""
+    eps: float = 1e-6
+    """Added to the std in ``F`` (``mode="mean_std_norm"``)."""
+    eta: float = 0.0
+    """Invalid-action penalty subtracted from that step's reward (and, with ``episode="steps"``, from
+    its episode score ``e_{i,t} = R_i - eta 1[invalid_{i,t}]``)."""
+    obs_key: str = ObsKey.TEXT.value
+    """What anchor states are matched on: ``text`` (the observation text the turn was decided on, the
+    paper's setting), ``state`` (the environment's ``Turn.obs_key``, perfect anchors) or ``turn``
+    (:func:`~horizonrl.credit.ccpo_features.observation_mode`)."""
+    episode: str = "trajectory"
+    """Episode term: ``trajectory`` (one value per rollout, spec/baselines.md) or ``steps`` (every step
+    row, verl-agent's reading; module docstring)."""
+
+
+@register_estimator("gigpo", loss_agg_mode="token-mean", params=GiGPOParams)
+def gigpo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     """GiGPO: episode advantage + omega x anchor-state step advantage on each step's tokens (baselines.md).
 
     Anchor states are the observations each turn was decided on, matched on their
     text (``obs_key="text"``, the paper's setting) or the environment's state key
     (``"state"``: perfect anchors); ``eta`` subtracts an invalid-action penalty from
     that step's reward (and, with ``episode="steps"``, from its episode score).
+    ``params``: :class:`GiGPOParams`.
     """
-    steps, returns = _step_arrays(groups, gamma, eta, obs_key)
+    p = GiGPOParams(**params)
+    steps, returns = _step_arrays(groups, p.gamma, p.eta, p.obs_key)
     adv = gigpo_advantage(
         steps.task_ids, steps.trajectory_ids, steps.observations, returns, steps.rewards,
-        mode=mode, omega=omega, eps=eps, episode=episode,
-        penalties=eta * np.asarray(steps.invalid, dtype=np.float64),
+        mode=p.mode, omega=p.omega, eps=p.eps, episode=p.episode,
+        penalties=p.eta * np.asarray(steps.invalid, dtype=np.float64),
     )  # fmt: skip
     return broadcast_steps(groups, adv)
 
 
-@register_estimator("grpo_steps", loss_agg_mode="token-mean")
-def grpo_steps(
-    groups: Sequence[Group], *, eta: float = 0.0, eps: float = 1e-6, obs_key: str = "text"
-) -> TokenAdvantages:
+@dataclass(frozen=True)
+class GRPOStepsParams:
+    """The parameters of ``grpo_steps`` (``algo.estimator_params``)."""
+
+    eta: float = 0.0
+    """Invalid-action penalty: a step row scores ``e_{i,t} = R_i - eta 1[invalid_{i,t}]``."""
+    eps: float = 1e-6
+    """Added to the std of the task's step rows."""
+    obs_key: str = ObsKey.TEXT.value
+    """How the step rows' observations are read (as :attr:`GiGPOParams.obs_key`; the episode term does
+    not match on them)."""
+
+
+@register_estimator("grpo_steps", loss_agg_mode="token-mean", params=GRPOStepsParams)
+def grpo_steps(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     """verl-agent's GRPO for step-wise agents: ``(e_{i,t} - mean) / (std + eps)`` over the task's step rows.
 
     ``e_{i,t} = R_i - eta * 1[invalid_{i,t}]`` (the episode term of :func:`gigpo` with
     ``episode="steps"``, ``mode="mean_std_norm"``, ``omega = 0``); every step's tokens get
-    its row's value. The baseline the CCPO paper compares against.
+    its row's value. The baseline the CCPO paper compares against. ``params``: :class:`GRPOStepsParams`.
     """
-    return gigpo(groups, mode="mean_std_norm", omega=0.0, eps=eps, eta=eta, obs_key=obs_key, episode="steps")
+    p = GRPOStepsParams(**params)
+    return gigpo(
+        groups, mode="mean_std_norm", omega=0.0, eps=p.eps, eta=p.eta, obs_key=p.obs_key, episode="steps"
+    )
 
 
-@register_estimator("hgpo", loss_agg_mode="token-mean")
-def hgpo(
-    groups: Sequence[Group],
-    *,
-    history: int = 2,
-    mode: str = "mean_std_norm",
-    alpha: float = 1.0,
-    gamma: float = 0.95,
-    eps: float = 1e-6,
-    eta: float = 0.0,
-    base_group: bool = False,
-    obs_key: str = "text",
-    ddof: int = 0,
-    drop_zero_items: bool = True,
-) -> TokenAdvantages:
-    """HGPO: step advantages from history-matched hierarchical groups, adaptively weighted (reconstructed)."""
-    steps, returns = _step_arrays(groups, gamma, eta, obs_key)
+@dataclass(frozen=True)
+class HGPOParams:
+    """The parameters of ``hgpo`` (``algo.estimator_params``; a reconstruction, module docstring)."""
+
+    history: int = 2
+    """Deepest history level ``K``: level ``k`` groups steps whose last ``k + 1`` observations match."""
+    mode: str = "mean_std_norm"
+    """Normalizer ``F`` within a level group: ``mean_std_norm`` (``std + eps``) or ``mean_norm`` (1)."""
+    alpha: float = 1.0
+    """Level weight exponent: ``w_k = L_k^alpha``, ``L_k = k + 2``."""
+    gamma: float = 0.95
+    """Discount of the step returns."""
+    eps: float = 1e-6
+    """Added to the std in ``F``."""
+    eta: float = 0.0
+    """Invalid-action penalty subtracted from that step's reward."""
+    base_group: bool = False
+    """Add the episode advantage ``A^E_i`` as an item with ``L = 1``."""
+    obs_key: str = ObsKey.TEXT.value
+    """What the levels match on (as :attr:`GiGPOParams.obs_key`)."""
+    ddof: int = 0
+    """Delta degrees of freedom of the std (0: the released recipe's population std)."""
+    drop_zero_items: bool = True
+    """Drop items whose advantage is exactly 0 before weighting (the released recipe)."""
+
+
+@register_estimator("hgpo", loss_agg_mode="token-mean", params=HGPOParams)
+def hgpo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
+    """HGPO: step advantages from history-matched hierarchical groups, adaptively weighted (reconstructed).
+
+    ``params``: :class:`HGPOParams`.
+    """
+    p = HGPOParams(**params)
+    steps, returns = _step_arrays(groups, p.gamma, p.eta, p.obs_key)
     adv = hgpo_advantage(
         steps.task_ids, steps.trajectory_ids, steps.steps, steps.observations, returns,
-        history=history, mode=mode, alpha=alpha, eps=eps, outcomes=steps.rewards, base_group=base_group,
-        ddof=ddof, drop_zero_items=drop_zero_items,
+        history=p.history, mode=p.mode, alpha=p.alpha, eps=p.eps, outcomes=steps.rewards,
+        base_group=p.base_group, ddof=p.ddof, drop_zero_items=p.drop_zero_items,
     )  # fmt: skip
     return broadcast_steps(groups, adv)

@@ -20,6 +20,8 @@ trainer (``Engine.score``), passed to the ``igpo`` estimator as ``scores``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -110,13 +112,23 @@ def _split_scores(entries: Sequence[ScorePair], n_turns: int, i: int) -> tuple[l
     return before, after
 
 
-@register_estimator("igpo", loss_agg_mode="token-mean", needs=("scores",))
+@dataclass(frozen=True)
+class IGPOParams:
+    """The parameters of ``igpo`` (``algo.estimator_params``; spec/baselines.md)."""
+
+    mode: str = "logprob"
+    """Information gain of a turn from its scores: ``logprob`` (difference of mean answer-token
+    log-probs) or ``prob`` (of their exponentials); :data:`IG_MODES`."""
+    gamma: float = 1.0
+    """Discount of the turn rewards into turn returns (:func:`igpo_advantages`)."""
+
+
+@register_estimator("igpo", loss_agg_mode="token-mean", needs=("scores",), params=IGPOParams)
 def igpo(
     groups: Sequence[Group],
     *,
     scores: Sequence[Sequence[ScorePair]],
-    mode: str = "logprob",
-    gamma: float = 1.0,
+    **params: Any,
 ) -> TokenAdvantages:
     """IGPO: turn-level information-gain advantages, each on its turn's tokens (spec/baselines.md).
 
@@ -126,10 +138,11 @@ def igpo(
     each score a mean answer-token log-prob. Give the ``T_i - 1`` non-final turns,
     or all ``T_i`` turns (the final entry, e.g. ``None``, is ignored: that turn
     gets the outcome ``rollout.reward``). A rollout with no turns takes no part
-    in the group's normalization.
+    in the group's normalization. ``params``: :class:`IGPOParams`.
     """
-    if mode not in IG_MODES:
-        raise ValueError(f"unknown IG mode {mode!r}; known: {list(IG_MODES)}")
+    p = IGPOParams(**params)
+    if p.mode not in IG_MODES:
+        raise ValueError(f"unknown IG mode {p.mode!r}; known: {list(IG_MODES)}")
     rollouts = flatten_rollouts(groups)
     if len(scores) != len(rollouts):
         raise ValueError(f"scores cover {len(scores)} rollouts, expected {len(rollouts)}")
@@ -143,7 +156,7 @@ def igpo(
                 rewards.append(np.zeros(0))
                 continue
             before, after = _split_scores(scores[i], n_turns, i)
-            rewards.append(igpo_turn_rewards(before, after, rollouts[i].reward, mode=mode))
-        per_turn.extend(igpo_advantages(rewards, gamma=gamma))
+            rewards.append(igpo_turn_rewards(before, after, rollouts[i].reward, mode=p.mode))
+        per_turn.extend(igpo_advantages(rewards, gamma=p.gamma))
         start += len(g.rollouts)
     return broadcast_turn_values(rollouts, np.concatenate(per_turn) if per_turn else np.zeros(0))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -280,19 +282,36 @@ def _record_side_info(start: int, group: Group, base: np.ndarray, gains: Gains |
         )
 
 
-@register_estimator("mosaic", loss_agg_mode="rollout-mean-token-mean", needs=("gains",))
+@dataclass(frozen=True)
+class MosaicParams:
+    """The parameters of ``mosaic`` (``algo.estimator_params``; spec/mosaic.md, module docstring)."""
+
+    rho: float = 0.2
+    """Mixed-outcome groups: ``A^sat_i = A_i (1 - rho u_i)``, ``u_i`` the centered rank of the session
+    count (:func:`session_aware_advantage`); in ``[0, 1)``."""
+    beta0: float = 0.1
+    """All-failed groups: ``A^sat_i = beta0 min(u_i, 0)`` (:func:`session_aware_advantage`); >= 0."""
+    beta1: float = 0.2
+    """All-succeeded groups: ``A^sat_i = -beta1 u_i`` (:func:`session_aware_advantage`); >= 0."""
+    lambda_r: float = 0.1
+    """Weight ``lambda_r`` of the normalized information-gain shaping of each session
+    (:func:`shape_session_advantages`)."""
+    eps: float = 1e-6
+    """Added to every std in a denominator."""
+    session_aware: bool = True
+    """Session-aware trajectory advantage; False: the GRPO base (shaping only, paper Fig. 3c/d)."""
+    shaping: bool = True
+    """Information-gain session shaping; False: trajectory level only (``gains`` ignored)."""
+    normalization: str = "type"
+    """Gains are normalized per session ``type`` (segment kind) or pooled (``global``, paper Fig. 5)."""
+
+
+@register_estimator("mosaic", loss_agg_mode="rollout-mean-token-mean", needs=("gains",), params=MosaicParams)
 def mosaic(
     groups: Sequence[Group],
     *,
     gains: Sequence[Sequence[float | None] | None] | None = None,
-    rho: float = 0.2,
-    beta0: float = 0.1,
-    beta1: float = 0.2,
-    lambda_r: float = 0.1,
-    eps: float = 1e-6,
-    session_aware: bool = True,
-    shaping: bool = True,
-    normalization: str = "type",
+    **params: Any,
 ) -> TokenAdvantages:
     """Mosaic: session-aware trajectory advantage + IG session shaping (spec/mosaic.md).
 
@@ -306,11 +325,13 @@ def mosaic(
     ``<= 0``. Ablations (paper Fig. 3c/d, Fig. 5): ``shaping=False`` = trajectory
     level only (``gains`` ignored); ``session_aware=False`` = GRPO base (shaping
     only); ``normalization="global"`` pools all session types. Both off = broadcasting.
+    ``params``: :class:`MosaicParams`.
     """
-    if normalization not in ("type", "global"):
-        raise ValueError(f"normalization must be 'type' or 'global', got {normalization!r}")
+    p = MosaicParams(**params)
+    if p.normalization not in ("type", "global"):
+        raise ValueError(f"normalization must be 'type' or 'global', got {p.normalization!r}")
     rollouts = flatten_rollouts(groups)
-    if shaping:
+    if p.shaping:
         if gains is None:
             raise ValueError(
                 "mosaic shaping needs gains=[...] per rollout/segment; pass shaping=False "
@@ -321,24 +342,24 @@ def mosaic(
     start = 0
     for g in groups:
         rs = g.rewards
-        if session_aware:
+        if p.session_aware:
             counts = [len(ro.segments) for ro in g.rollouts]
-            base = session_aware_advantage(rs, counts, rho=rho, beta0=beta0, beta1=beta1, eps=eps)
+            base = session_aware_advantage(rs, counts, rho=p.rho, beta0=p.beta0, beta1=p.beta1, eps=p.eps)
         else:
-            base = group_advantage(rs, eps=eps)
-        if shaping:
+            base = group_advantage(rs, eps=p.eps)
+        if p.shaping:
             g_gains = all_gains[start : start + len(g.rollouts)]
             types = [
-                [seg.kind if normalization == "type" else "all" for seg in ro.segments] for ro in g.rollouts
+                [seg.kind if p.normalization == "type" else "all" for seg in ro.segments] for ro in g.rollouts
             ]
             all_failed = bool(len(rs) > 0 and all(r <= 0 for r in rs))
             values.extend(
                 shape_session_advantages(
-                    base, g_gains, types, all_failed=all_failed, lambda_r=lambda_r, eps=eps
+                    base, g_gains, types, all_failed=all_failed, lambda_r=p.lambda_r, eps=p.eps
                 )
             )
             if side_info.collecting():
-                _record_side_info(start, g, base, g_gains, normalize_session_gains(g_gains, types, eps=eps))
+                _record_side_info(start, g, base, g_gains, normalize_session_gains(g_gains, types, eps=p.eps))
         else:
             values.extend(np.full(len(ro.segments), b) for ro, b in zip(g.rollouts, base, strict=True))
             _record_side_info(start, g, base, None, None)

@@ -18,6 +18,8 @@ traceable mask (ECHO paper §4.3, Figure 3).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +27,10 @@ from horizonrl.credit.broadcast import broadcast_to_tokens
 from horizonrl.credit.group import valid_group_advantage
 from horizonrl.credit.registry import register_estimator
 from horizonrl.trajectory import Group, TokenAdvantages
+from horizonrl.vocab import Termination
 
 #: ``Rollout.termination`` values SUPO treats as overlong (excluded from the baseline, credit 0).
-SUPO_OVERLONG_TERMINATIONS = ("overlong",)
+SUPO_OVERLONG_TERMINATIONS = (Termination.OVERLONG.value,)
 
 
 def supo_advantage(
@@ -43,26 +46,35 @@ def supo_advantage(
     return valid_group_advantage(rewards, ~over, normalize_std=normalize_std, eps=eps)
 
 
-@register_estimator("supo", loss_agg_mode="token-mean")
-def supo(
-    groups: Sequence[Group],
-    *,
-    overlong_terminations: Sequence[str] = SUPO_OVERLONG_TERMINATIONS,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-) -> TokenAdvantages:
+@dataclass(frozen=True)
+class SUPOParams:
+    """The parameters of ``supo`` (``algo.estimator_params``)."""
+
+    overlong_terminations: Sequence[str] = SUPO_OVERLONG_TERMINATIONS
+    """``Rollout.termination`` values that make a rollout overlong (out of the baseline, credit 0);
+    one string counts as a one-element list."""
+    normalize_std: bool = True
+    """GRPO's division by the std of the non-overlong rewards (False: the Dr.GRPO form ``R_i - mean_V R``)."""
+    eps: float = 1e-6
+    """Added to the std in the denominator."""
+
+
+@register_estimator("supo", loss_agg_mode="token-mean", params=SUPOParams)
+def supo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     """SUPO: GRPO over non-overlong rollouts, broadcast to every segment; overlong get 0 (baselines.md).
 
     A rollout is overlong when its ``termination`` is in ``overlong_terminations`` (default
     ``("overlong",)``). The value of :func:`supo_advantage` goes to every generated token of every
-    segment, summary tokens included.
+    segment, summary tokens included. ``params``: :class:`SUPOParams`.
     """
+    p = SUPOParams(**params)
+    overlong_terminations = p.overlong_terminations
     if isinstance(overlong_terminations, str):
         overlong_terminations = (overlong_terminations,)
     over = set(overlong_terminations)
     values = [
         supo_advantage(
-            g.rewards, [r.termination in over for r in g.rollouts], normalize_std=normalize_std, eps=eps
+            g.rewards, [r.termination in over for r in g.rollouts], normalize_std=p.normalize_std, eps=p.eps
         )
         for g in groups
     ]

@@ -144,6 +144,15 @@ class StepResult:
     summaries and peer matching read) and ``role`` is ``tool`` when every message is a tool result,
     else ``user``. The agent renders ``messages``, never the joined text, so a step that answered two
     calls shows the model two tool results, as the chat template would.
+
+    The generic fields (``observation``/``messages``, ``role``, ``reward``, ``done``, ``success``,
+    ``info``) drive every agent loop. The others are extras that particular readers use, kept as
+    plain fields so that every environment constructs a step the same way: ``obs_key`` (the anchor
+    state of CCPO, GiGPO and HGPO), ``invalid`` (their invalid-action penalty, the step-wise agent's
+    ``invalid_reason`` and a rollout metric), ``final_answer`` (the rollout's answer, for QA-style
+    environments and records) and ``tool_calls`` (a rollout metric). The agent copies each onto the
+    :class:`~horizonrl.trajectory.Turn` (or :class:`~horizonrl.trajectory.Rollout`) field of the same
+    name.
     """
 
     observation: str = ""
@@ -164,16 +173,18 @@ class StepResult:
     format reminders); with ``messages`` it is derived: ``tool`` if all are tool results, else ``user``."""
 
     obs_key: str | None = None
-    """The text used for peer matching (CCPO/GiGPO anchor states): the state after this step."""
+    """The canonical key of the state after this step (``Turn.obs_key``; :meth:`Env.state_key`). Read by
+    CCPO, GiGPO and HGPO as the anchor state with ``obs_key=state|turn``; None: no key."""
 
     invalid: bool = False
-    """Whether the action could not be executed (malformed or failed call, no call and no answer)."""
+    """Whether the action could not be executed (malformed or failed call, no call and no answer);
+    ``Turn.invalid``, read by CCPO and GiGPO (penalty ``eta``) and the ``invalid_turn_rate`` metric."""
 
     final_answer: str | None = None
-    """The episode's final answer when this step gave one."""
+    """The episode's final answer when this step gave one (``Rollout.final_answer``, kept in records)."""
 
     tool_calls: int = 0
-    """How many tool calls of the action ran."""
+    """How many tool calls of the action ran (``Turn.tool_calls``, the ``tool_calls_mean`` metric)."""
 
     info: dict[str, Any] = field(default_factory=dict)
     """Anything else. The agent keeps ``env_error`` (why the environment failed) and ``env_metrics`` (a

@@ -48,8 +48,8 @@ def rollout_correction(
     mask: Tensor,
     *,
     cap: float,
-    level: str = "token",
-    mode: str = "truncate",
+    level: str = TISLevel.TOKEN.value,
+    mode: str = TISMode.TRUNCATE.value,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Importance weights ``w`` and the kept-token mask (formulas in the module docstring).
 
@@ -66,10 +66,10 @@ def rollout_correction(
         raise ValueError(f"tis_cap={cap!r}: must be > 1")
     mask = mask.to(torch.float32)
     log_ratio = (old_logp.detach().double() - rollout_logp.detach().double()) * mask
-    if level == "sequence":
+    if level == TISLevel.SEQUENCE:
         log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
     rho = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)) * mask
-    if mode == "truncate":
+    if mode == TISMode.TRUNCATE:
         keep = mask
         w = rho.clamp(max=cap)
     else:

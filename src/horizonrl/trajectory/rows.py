@@ -16,32 +16,40 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from horizonrl.trajectory.types import Rollout
+from horizonrl.vocab import SegmentKind
 
-# advantages[rollout][segment][turn] -> array with one value per response token
+#: What credit estimators return: ``advantages[rollout][segment][turn]`` is an array with one value per
+#: response token of that turn (rollouts in the order of ``[r for g in groups for r in g.rollouts]``).
 TokenAdvantages = Sequence[Sequence[Sequence[np.ndarray]]]
 
 
 @dataclass
 class Row:
-    """One training sequence.
-
-    ``trainable[j]`` is True for policy-generated tokens; ``old_logprobs``,
-    ``advantages`` and ``turn_ids`` are aligned with ``input_ids`` (zeros / -1 on
-    masked positions). ``turn_ids`` numbers the turns of the rollout in order,
-    which the turn-level importance-sampling option groups by. ``temperatures``
-    holds each position's sampling temperature: a trainable token's log-prob is
-    recomputed at the temperature it was sampled at.
-    """
+    """One training sequence: consecutive turns of one segment whose prompts extend each other (module
+    docstring). Every per-position list is aligned with ``input_ids``."""
 
     input_ids: list[int]
+    """The sequence: the first turn's prompt, then each turn's response and the environment tokens
+    between turns (``prompt_{t+1}[len(prompt_t + response_t):]``)."""
     trainable: list[bool]
+    """Per position: True for a policy-generated token (in the loss), False for prompt and environment
+    tokens."""
     old_logprobs: list[float]
+    """Per position: the rollout engine's log-prob of a trainable token (``Turn.logprobs``); 0 elsewhere."""
     advantages: list[float]
+    """Per position: the estimator's advantage of a trainable token; 0 elsewhere."""
     turn_ids: list[int]
+    """Per position: the rollout-wide number of the turn that generated a trainable token (counted over
+    all segments, in order); -1 elsewhere. Turn-level importance sampling groups by it."""
     rollout_index: int
+    """Index of the rollout in the list :func:`build_rows` was given."""
     segment_index: int
+    """Index of the segment in ``Rollout.segments``."""
     turns: list[int] = field(default_factory=list)
+    """Indices (within the segment) of the turns merged into this row, in order."""
     temperatures: list[float] = field(default_factory=list)
+    """Per position: the sampling temperature a trainable token's log-prob is recomputed at
+    (``Turn.temperature``, else the run's); 1.0 elsewhere. Empty on construction: all 1.0."""
 
     def __post_init__(self) -> None:
         if not self.temperatures:
@@ -135,7 +143,7 @@ def saved_tokens(rollout: Rollout) -> int:
 
 #: sessions generated on top of their parent's context (a memory selection, a rolling summary, a
 #: compaction summary): what :func:`appended_tokens` counts by their extension only
-SIDE_SESSIONS = ("selection", "summary", "compaction")
+SIDE_SESSIONS = (SegmentKind.SELECTION.value, SegmentKind.SUMMARY.value, SegmentKind.COMPACTION.value)
 
 
 def side_session_overlap(rollout: Rollout) -> int:

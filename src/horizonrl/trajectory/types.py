@@ -8,18 +8,42 @@ generation plus the environment's reply to it.
 
 Every turn keeps the exact prompt token ids the model saw, so training can
 recompute log-probabilities under the same context (DESIGN.md, "The data model").
-This module depends on nothing else in the package.
+This module depends only on :mod:`horizonrl.vocab` (standard library).
+
+The types, bottom up (every field has a docstring under it):
+
+- :class:`Span`: a labelled range of one turn's generated tokens (ECHO's provenance).
+- :class:`Turn`: one policy generation and the environment's reply.
+- :class:`Segment`: a session, turns that share one growing context.
+- :class:`Branch`: where a tree rollout forked from its trunk.
+- :class:`Rollout`: one attempt at a task, its segments and outcome.
+- :class:`Group`: the rollouts of one task in a batch, the unit group baselines normalize over.
+- :class:`UnknownFieldWarning`: a rollout record field this version does not know.
+
+Their closed vocabularies are :class:`~horizonrl.vocab.SegmentKind`,
+:class:`~horizonrl.vocab.SpanLabel` and :class:`~horizonrl.vocab.Termination`. Training rows
+(:class:`~horizonrl.trajectory.rows.Row`) are built from rollouts in :mod:`.rows`; JSONL in :mod:`.io`.
+
+A few fields serve particular methods and are marked so: ``Turn.obs_key`` (the anchor state of
+CCPO, GiGPO and HGPO with ``obs_key=state|turn``), ``Turn.invalid`` (the invalid-action penalty
+``eta`` of CCPO and GiGPO), ``Turn.spans`` and ``Span.source_turn`` (ECHO's credit mask); the
+others are read by every trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-SEGMENT_KINDS = ("normal", "compaction", "subagent", "selection", "summary")
-SPAN_LABELS = ("action", "finding", "selection", "summary", "answer", "think")
+from horizonrl.vocab import SegmentKind, SpanLabel, Termination
+
+#: The values of ``Segment.kind`` (:class:`~horizonrl.vocab.SegmentKind`), as plain strings.
+SEGMENT_KINDS = tuple(k.value for k in SegmentKind)
+#: The values of ``Span.label`` (:class:`~horizonrl.vocab.SpanLabel`), as plain strings.
+SPAN_LABELS = tuple(label.value for label in SpanLabel)
 
 
 @dataclass(frozen=True)
@@ -31,9 +55,15 @@ class Span:
     """
 
     label: str
+    """What the tokens are (:class:`~horizonrl.vocab.SpanLabel`: ``action``, ``finding``, ``selection``,
+    ``summary``, ``answer``, ``think``); checked on construction."""
     start: int
+    """First generated token of the span, an index into ``Turn.response_ids``."""
     end: int
+    """One past the span's last token (``start <= end <= len(response_ids)``)."""
     source_turn: int | None = None
+    """The rollout-global turn (memory record) whose content the span carries, e.g. the turn a
+    ``finding`` summarizes (ECHO: a span is credited when its source turn is selected); None: none."""
 
     def __post_init__(self) -> None:
         if self.label not in SPAN_LABELS:
@@ -46,33 +76,48 @@ class Span:
 class Turn:
     """One policy generation and the environment's reply.
 
-    ``prompt_ids`` is the full context the model conditioned on; ``response_ids``
-    the sampled tokens and ``logprobs`` their log-probabilities under the rollout
-    engine; ``observation`` the environment's reply text (None after the last
-    turn); ``obs_key`` the environment's canonical key of the state *after* this
-    turn's action (``StepResult.obs_key``), so the state turn ``t`` was decided on
-    is turn ``t-1``'s key, or the task's initial prompt for the first turn
-    (``credit.ccpo_features.prompt_observations`` derives it). The environment
-    tokens between two turns of a segment are not stored:
-    they are the difference of consecutive prompts (see :mod:`.rows`).
-    ``truncated`` marks a generation cut by the token limit. ``temperature`` is the
-    sampling temperature the ``logprobs`` are of (None: the run's rollout temperature,
-    e.g. files written before it was recorded); training recomputes log-probs at it.
+    The environment tokens between two turns of a segment are not stored: they are the difference of
+    consecutive prompts (see :mod:`.rows`). ``obs_key`` is the key of the state *after* this turn's
+    action, so the state turn ``t`` was decided on is turn ``t-1``'s key, or the task's initial
+    prompt for the first turn (``credit.ccpo_features.prompt_observations`` derives it).
     """
 
     prompt_ids: list[int]
+    """The full context the model conditioned on, as token ids (chat template rendered)."""
     response_ids: list[int]
+    """The sampled tokens (the trainable ones)."""
     logprobs: list[float]
+    """Log-probability of each sampled token under the rollout engine at :attr:`temperature`; as many as
+    ``response_ids``."""
     response_text: str = ""
+    """The decoded response, as the agent parsed it."""
     observation: str | None = None
+    """The environment's reply to this turn as one text (``StepResult.observation``); None after the
+    last turn (and for turns the environment did not answer)."""
     reward: float = 0.0
+    """The reward the environment paid for this turn's step (``StepResult.reward``); the rollout's
+    outcome is :attr:`Rollout.reward`."""
     obs_key: str | None = None
+    """The environment's canonical key of the state *after* this turn's action (``StepResult.obs_key``);
+    the anchor state of CCPO, GiGPO and HGPO with ``obs_key=state|turn``
+    (:func:`horizonrl.credit.ccpo_features.prompt_observations`). None: the environment gives none."""
     spans: list[Span] = field(default_factory=list)
+    """Labelled ranges of ``response_ids`` (:class:`Span`); written by the ECHO and summary agents,
+    read by ECHO's credit mask (:mod:`horizonrl.credit.echo`)."""
     truncated: bool = False
+    """The generation was cut by the token limit (the engine stopped on length, not on its own end)."""
     tool_calls: int = 0
+    """How many tool calls of this turn's action ran (``StepResult.tool_calls``); a rollout metric."""
     invalid: bool = False
+    """The environment could not execute the action (``StepResult.invalid``: a malformed or failed call,
+    no call and no answer); CCPO and GiGPO subtract ``eta`` for it, and a rollout metric counts it."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Anything else agents record (JSON values): e.g. ``env_error`` and ``env_metrics`` (from
+    ``StepResult.info``), ``obs_messages`` / ``obs_role`` (the reply as chat messages),
+    ``cached_tokens`` (prompt tokens the engine served from its prefix cache), ``policy_version``."""
     temperature: float | None = None
+    """The sampling temperature the ``logprobs`` are of; training recomputes log-probs at it. None: the
+    run's rollout temperature (files written before it was recorded)."""
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
@@ -96,11 +141,20 @@ class Segment:
     compaction sessions), ``fork_index`` which fork call (or compaction) made it.
     """
 
-    kind: str = "normal"
+    kind: str = SegmentKind.NORMAL.value
+    """What the session is (:class:`~horizonrl.vocab.SegmentKind`: ``normal``, ``compaction``,
+    ``subagent``, ``selection``, ``summary``); checked on construction."""
     turns: list[Turn] = field(default_factory=list)
+    """The session's turns in order; within a segment each prompt usually extends the previous turn's
+    context (:mod:`.rows` merges those into one training row)."""
     parent: int | None = None
+    """Index in ``Rollout.segments`` of the segment this one was made from (a subagent's caller, the
+    context a compaction or selection summarized); None for the first segment."""
     fork_index: int | None = None
+    """Which fork call (or compaction) of the parent made this segment; None for the first segment."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Anything else agents record (JSON values): e.g. ECHO's ``selected`` and ``kept_latest`` memory
+    indices of the context this segment was built from."""
 
     def __post_init__(self) -> None:
         if self.kind not in SEGMENT_KINDS:
@@ -116,7 +170,10 @@ class Branch:
     """Where a tree rollout forked from: trunk rollout uid and turn boundary."""
 
     trunk_id: str
+    """``Rollout.uid`` of the trunk rollout this one branched from."""
     turn: int
+    """The trunk's turn boundary ``k`` the branch resumes at: this rollout holds the turns from ``k`` on,
+    the trunk's first ``k`` turns are shared and not stored here."""
 
 
 @dataclass
@@ -124,15 +181,29 @@ class Rollout:
     """One attempt at one task."""
 
     uid: str
+    """Unique id of the rollout within the run."""
     task_id: str
+    """``Task.id`` of the task attempted."""
     group_id: str
+    """The :class:`Group` this rollout belongs to (the rollouts of one task in one batch)."""
     segments: list[Segment] = field(default_factory=list)
+    """The sessions in the order they were opened; one for an agent that never rewrites its context."""
     reward: float = 0.0
+    """The outcome reward the estimators read (the sum of the turn rewards unless the agent sets it)."""
     success: bool = False
+    """Whether the environment judged the task solved (success rates; not read by the estimators)."""
     final_answer: str | None = None
+    """The episode's final answer (``StepResult.final_answer``, or the gateway's); None when none was
+    given."""
     env: dict[str, Any] = field(default_factory=dict)
+    """Rollout-level records of the agent and environment (JSON values): ``metrics`` (numbers averaged
+    as ``rollout/<key>``), ``initial_obs_text`` / ``initial_obs_key`` (the reset state, for CCPO and
+    GiGPO anchors), ``echo`` (ECHO's selection records), ``forks``."""
     branch: Branch | None = None
-    termination: str = "done"  # done | max_turns | context | truncated | overlong | error
+    """Where this rollout forked from a trunk (tree rollouts); None for a rollout from the task's start."""
+    termination: str = Termination.DONE.value
+    """Why the rollout ended (:class:`~horizonrl.vocab.Termination`: ``done``, ``max_turns``,
+    ``context``, ``truncated``, ``overlong``, ``error``); a plain string, equal to the enum members."""
 
     @property
     def turns(self) -> list[Turn]:
@@ -149,11 +220,15 @@ class Rollout:
 
 @dataclass
 class Group:
-    """All rollouts of one task in a batch."""
+    """All rollouts of one task in a batch: the set group-relative baselines (GRPO and the rest)
+    normalize over."""
 
     group_id: str
+    """The id each of its rollouts carries as ``Rollout.group_id``."""
     task_id: str
+    """The task all its rollouts attempted."""
     rollouts: list[Rollout] = field(default_factory=list)
+    """The rollouts, in the order the estimators' outputs follow."""
 
     @property
     def rewards(self) -> list[float]:
@@ -164,6 +239,8 @@ class Group:
 
 
 def _to_dict(obj: Any) -> Any:
+    if isinstance(obj, enum.Enum):  # a vocabulary member (e.g. Termination.DONE) is written as its value
+        return obj.value
     if dataclasses.is_dataclass(obj):
         return {f.name: _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, list):

@@ -3,8 +3,10 @@
 :func:`check_run` runs at the start of every trainer, ``horizonrl sft`` and
 ``horizonrl eval``: each registered name (trainer, estimator, agent, context
 manager, environment, engine) must exist, each ``*_params`` mapping must fit
-the signature of what it configures (names, and the types of scalar
-parameters from their annotations or defaults), the environment's knobs must
+what it configures (names, and the types of scalar parameters from their
+annotations or defaults): an estimator's declared parameters
+(:meth:`~horizonrl.credit.EstimatorSpec.settable`, its params dataclass), the
+signature of an agent, context manager or engine. The environment's knobs must
 pass its own ``validate_knobs``, and the device must exist. Every failure is a
 :class:`~horizonrl.config.ConfigError` naming the field and value, raised
 before a model is loaded or a directory written.
@@ -54,22 +56,43 @@ def check_kwargs(
     skip = set(skip)
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     accepted = {n: p for n, p in sig.parameters.items() if p.kind in kinds and n not in skip}
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        unknown = sorted(str(k) for k in set(params) - set(accepted))
-        if unknown:
-            raise ConfigError(
-                f"{field}: unknown parameter(s) {unknown} of {owner}; accepted: {sorted(accepted) or 'none'}"
-            )
     try:
         hints = typing.get_type_hints(fn)
     except Exception:  # annotations that do not resolve at run time: check by the defaults only
         hints = {}
+    any_name = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    declared = {n: (hints.get(n), p.default) for n, p in accepted.items()}
+    check_params(declared, params, field=field, owner=owner, any_name=any_name)
+
+
+def check_params(
+    declared: dict[str, tuple[Any, Any]],
+    params: dict[str, Any],
+    *,
+    field: str,
+    owner: str,
+    any_name: bool = False,
+) -> None:
+    """ConfigError unless every key of ``params`` is ``declared`` (name -> ``(type hint, default)``, as
+    :meth:`~horizonrl.credit.EstimatorSpec.settable` gives) with a value of its type.
+
+    ``any_name``: other names pass too (a function taking ``**kwargs``); a declared hint that is not a
+    plain scalar (or one with None) is not checked; without a hint the default's type is.
+    """
+    if not isinstance(params, dict):
+        raise ConfigError(f"{field}={params!r}: expected a mapping")
+    if not any_name:
+        unknown = sorted(str(k) for k in set(params) - set(declared))
+        if unknown:
+            raise ConfigError(
+                f"{field}: unknown parameter(s) {unknown} of {owner}; accepted: {sorted(declared) or 'none'}"
+            )
     for name, value in params.items():
-        p = accepted.get(name)
-        if p is None:
+        if name not in declared:
             continue
-        expected = _scalar_types(hints.get(name), p.default)
-        if expected is None or (value is None and (expected[1] or p.default is None)):
+        hint, default = declared[name]
+        expected = _scalar_types(hint, default)
+        if expected is None or (value is None and (expected[1] or default is None)):
             continue
         why = check_type(value, expected[0])
         if why is not None:
@@ -90,13 +113,12 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         trainer_params(cfg)  # the trainer exists and its train.trainer_params fit
     a, r = cfg.algo, cfg.rollout
     spec = ESTIMATORS.get(a.estimator, field="algo.estimator")
-    first = next(iter(inspect.signature(spec.fn).parameters))
-    check_kwargs(
-        spec.fn,
+    check_params(
+        spec.settable(),
         dict(a.estimator_params),
         field="algo.estimator_params",
         owner=f"estimator {a.estimator!r}",
-        skip=(first, *spec.needs),
+        any_name=spec.params is None,
     )
     check_kwargs(
         AGENTS.get(r.agent, field="rollout.agent"),
