@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["AggMode", "OldLogprobs", "Overflow", "TISLevel", "TISMode"]
+__all__ = ["AggMode", "DriverMode", "OldLogprobs", "Overflow", "TISLevel", "TISMode", "ThinkingHistory"]
 
 
 class AggMode(enum.StrEnum):
@@ -72,3 +72,31 @@ class TISMode(enum.StrEnum):
 
     TRUNCATE = "truncate"
     MASK = "mask"
+
+
+# --- rollout options (issue 43 item 3) ---------------------------------------------------------------
+
+
+class DriverMode(enum.StrEnum):
+    """How agent programs run against the engine (``rollout.driver``, :func:`horizonrl.agents.driver.drive`).
+
+    ``sync``: round by round, every pending request of every program in one batched engine call per
+    round (the default: it reproduces the recorded results); ``async``: episode by episode, each
+    request goes to the engine as soon as it is made (:mod:`horizonrl.agents.scheduler`; needs an
+    engine with ``supports_seeds``).
+    """
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class ThinkingHistory(enum.StrEnum):
+    """What later prompts keep of earlier sampled thinking (``rollout.thinking_history``,
+    :class:`horizonrl.models.chat.ChatRenderer`), for families whose template drops it (Qwen3).
+
+    ``keep``: the sampled thinking stays in later prompts (one merged row per episode); ``drop``: it
+    is removed as the template does (append context only; each turn trains on its own context).
+    """
+
+    KEEP = "keep"
+    DROP = "drop"

@@ -38,6 +38,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.registry import Registry
@@ -75,7 +76,7 @@ class Episode:
     env: Env
     task: Task
     rollout: Rollout
-    renderer: Any
+    renderer: Renderer
     segment: Segment
     messages: list[dict[str, str]] = field(default_factory=list)
     tools: list[dict] | None = None
@@ -163,7 +164,7 @@ class ContextManager:
 
     def start(self, ep: Episode) -> None:
         ep.context = list(ep.renderer.initial_ids(ep.messages, tools=ep.tools))
-        if getattr(ep.renderer, "check_tokens", False):
+        if ep.renderer.check_tokens:
             ep.state["transcript"] = [dict(m) for m in ep.messages]
             ep.rollout.env.setdefault("metrics", {})["token_mismatch"] = 0.0
 
@@ -210,10 +211,9 @@ def extend_context(ep: Episode, turn: Turn, gen: Generation, result: StepResult)
     r = ep.renderer
     eot = len(r.end_of_turn_ids(turn.response_ids))
     regions = ep.state.setdefault("assistant_regions", [])
-    if hasattr(r, "assistant_region"):
-        regions.append(r.assistant_region(ep.context, len(turn.response_ids) + eot))
+    regions.append(r.assistant_region(ep.context, len(turn.response_ids) + eot))
     ctx = ep.context + list(turn.response_ids) + observation_ids(ep, turn, result)
-    if getattr(r, "drops_history", False):
+    if r.drops_history:
         ctx, regions[:] = r.apply_history(ctx, regions, user_turn=result.has_user_message)
     ep.context = ctx
     transcript = ep.state.get("transcript")

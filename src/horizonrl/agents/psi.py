@@ -62,6 +62,7 @@ from horizonrl.agents.context import (
     register_context,
 )
 from horizonrl.agents.driver import Generate
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
@@ -241,7 +242,9 @@ def _extends(prefix: Sequence[int], full: Sequence[int]) -> bool:
     return len(full) >= len(prefix) and list(full[: len(prefix)]) == list(prefix)
 
 
-def flat_prompts(turns: Sequence[Turn], renderer, *, start: Sequence[int] | None = None) -> list[list[int]]:
+def flat_prompts(
+    turns: Sequence[Turn], renderer: Renderer, *, start: Sequence[int] | None = None
+) -> list[list[int]]:
     """The concatenated full history ``S_k`` each of ``turns`` would have seen under ``identity``.
 
     ``turns`` are consecutive agent turns of one session; ``start`` is the flat
@@ -272,7 +275,7 @@ def flat_prompts(turns: Sequence[Turn], renderer, *, start: Sequence[int] | None
     return out
 
 
-def flat_view(rollout: Rollout, renderer) -> Rollout:
+def flat_view(rollout: Rollout, renderer: Renderer) -> Rollout:
     """A copy of ``rollout`` whose agent session's turns carry their flat history ``S_k`` as prompt.
 
     What flattened-history training (GRPO in the RTPO paper, Eq. 1-2) conditions on;
@@ -356,7 +359,7 @@ class BoundaryRecorder(ContextManager):
         yield from self.inner.commit(ep, turn, gen, result, snapshot)
 
 
-def resume_episode(b: Boundary, env: Env, task: Task, renderer, *, uid: str) -> Episode:
+def resume_episode(b: Boundary, env: Env, task: Task, renderer: Renderer, *, uid: str) -> Episode:
     """An episode that continues from boundary ``b``: ``env`` restored from ``snap_k``, context ``c_k``.
 
     The new rollout holds the turns from ``k`` on (``branch = (trunk, k)``); run it

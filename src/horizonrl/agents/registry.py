@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from horizonrl.agents.context import make_context
-from horizonrl.agents.driver import Program
+from horizonrl.agents.driver import DriverOptions, Program
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import SamplingParams
 from horizonrl.registry import Registry
@@ -39,15 +40,24 @@ FEW_SHOT_AGENTS = ("react", "fork")
 class AgentSpec:
     """Everything an agent kind needs besides the episode itself."""
 
-    renderer: Any
+    #: Turns messages into prompt ids and generations back into messages (:class:`Renderer`).
+    renderer: Renderer
+    #: Sampling parameters of the policy's generations (``rollout.temperature``, ``top_p``, ...).
     params: SamplingParams
+    #: Turn limit, context budget and overflow policy of one episode (``rollout.max_turns``, ...).
     limits: LoopLimits
+    #: The context manager's registered name (``rollout.context``).
     context: str = "append"
+    #: Keyword parameters of the context manager (``rollout.context_params``).
     context_params: dict[str, Any] = field(default_factory=dict)
+    #: Keyword parameters of the agent kind (``rollout.agent_params``).
     agent_params: dict[str, Any] = field(default_factory=dict)
+    #: Builds a fresh environment (the fork agent's subagents need one each).
     make_env: Callable[[], Env] | None = None
     #: Chat turns shown between the system message and the task (``rollout.few_shot``'s expert episodes).
     preamble: tuple[dict[str, Any], ...] = ()
+    #: How the programs run (``rollout.driver`` and its threads; :func:`horizonrl.agents.driver.drive`).
+    driver: DriverOptions = field(default_factory=DriverOptions)
 
 
 def register_agent(name: str) -> Callable[[AgentFn], AgentFn]:

@@ -46,6 +46,7 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.react import LoopLimits
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
@@ -136,7 +137,7 @@ class MessageContext:
     :func:`horizonrl.agents.context.observation_ids` extends the append-only context.
     """
 
-    renderer: Any
+    renderer: Renderer
     tools: list | None
     base: list[dict[str, str]]
     head: list[int] | None = None
