@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 from horizonrl.agents.renderer import Renderer
@@ -156,6 +156,11 @@ class ContextManager:
     #: Whether the loop should snapshot the environment before each step so that
     #: :meth:`commit` can roll a discarded turn back (``env.restore``).
     needs_rollback: ClassVar[bool] = False
+    #: The manager's parameters (``rollout.context_params``) as a frozen dataclass: its fields are the
+    #: accepted keys, with their defaults, types and one docstring each; :func:`make_context` builds it
+    #: from the mapping and passes it as ``cls(limits, params)``. None: the manager takes no parameters,
+    #: or (a manager registered by a user) takes them as keywords of ``__init__(limits, **params)``.
+    params_cls: ClassVar[type | None] = None
 
     def __init__(self, limits: LoopLimits) -> None:
         self.limits = limits
@@ -255,15 +260,25 @@ list_contexts = CONTEXTS.names
 get_context = CONTEXTS.get
 
 
+def context_params_declaration(cls: type[ContextManager]) -> Callable:
+    """What declares the ``rollout.context_params`` of manager class ``cls``: its :attr:`~ContextManager.
+    params_cls`, or for a manager without one its ``__init__`` (parameters after ``self, limits``)."""
+    return cls.params_cls if cls.params_cls is not None else cls.__init__
+
+
 def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
     """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
     cls = get_context(name)
     params = dict(params or {})
-    sig = inspect.signature(cls.__init__)
-    accepted = [p for p in sig.parameters if p not in ("self", "limits")]
+    if cls.params_cls is not None:
+        accepted = [f.name for f in fields(cls.params_cls)]
+    else:
+        accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "limits")]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"context manager {name!r} got unknown parameter(s) {unknown}; accepted: {accepted}")
+    if cls.params_cls is not None:
+        return cls(limits, cls.params_cls(**params))
     return cls(limits, **params)
 
 

@@ -78,8 +78,14 @@ def check_kwargs(
 
 def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     """Every registered name the config uses exists, and its parameters fit (module docstring)."""
-    from horizonrl.agents.context import CONTEXTS, ContextManager, LoopLimits, make_context
-    from horizonrl.agents.registry import AGENTS, FEW_SHOT_AGENTS
+    from horizonrl.agents.context import (
+        CONTEXTS,
+        ContextManager,
+        LoopLimits,
+        context_params_declaration,
+        make_context,
+    )
+    from horizonrl.agents.registry import AGENTS, FEW_SHOT_AGENTS, agent_params_declaration
     from horizonrl.credit.registry import ESTIMATORS
     from horizonrl.inference.registry import ENGINES, TRAINER_SET, engine_parameters
     from horizonrl.registry import UnknownNameError
@@ -98,15 +104,16 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         owner=f"estimator {a.estimator!r}",
         skip=(first, *spec.needs),
     )
+    AGENTS.get(r.agent, field="rollout.agent")  # an unknown name: the ConfigError naming the field
     check_kwargs(
-        AGENTS.get(r.agent, field="rollout.agent"),
+        agent_params_declaration(r.agent),
         dict(r.agent_params),
         field="rollout.agent_params",
         owner=f"agent {r.agent!r}",
         skip=("env", "task", "spec", "uid", "group_id"),
     )
     check_kwargs(
-        CONTEXTS.get(r.context, field="rollout.context").__init__,
+        context_params_declaration(CONTEXTS.get(r.context, field="rollout.context")),
         dict(r.context_params),
         field="rollout.context_params",
         owner=f"context manager {r.context!r}",
