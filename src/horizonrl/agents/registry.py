@@ -40,7 +40,7 @@ FEW_SHOT_AGENTS = ("react", "fork")
 class AgentSpec:
     """Everything an agent kind needs besides the episode itself."""
 
-    #: Turns messages into prompt ids and generations back into messages (:class:`Renderer`).
+    #: Renders chat messages as prompt token ids (:class:`~horizonrl.agents.renderer.Renderer`).
     renderer: Renderer
     #: Sampling parameters of the policy's generations (``rollout.temperature``, ``top_p``, ...).
     params: SamplingParams
