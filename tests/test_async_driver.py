@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from horizonrl.agents import AgentSpec, LoopLimits
-from horizonrl.agents.driver import Generate, Spawn, drive
+from horizonrl.agents.driver import DriverOptions, Generate, Spawn, drive
 from horizonrl.agents.registry import make_program
 from horizonrl.agents.scheduler import DriveStats, drive_async
 from horizonrl.config import load_config
@@ -34,7 +34,7 @@ from horizonrl.models import ChatRenderer, load_model_and_tokenizer
 from horizonrl.train.methods.rtpo import RTPOTrainer, agent_turns
 from horizonrl.train.records.metrics import read_metrics
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
-from horizonrl.train.rollout.workers import _with_driver
+from horizonrl.train.rollout.workers import check_driver
 from horizonrl.train.trainers.group import GroupTrainer
 from horizonrl.trajectory import read_jsonl
 from shaped_env import arith_run_overrides
@@ -242,7 +242,7 @@ def test_engines_without_request_seeds_run_the_sync_driver_and_the_config_says_s
         drive(eng, [prog(0)], mode="sync", path_seeds=True)
     cfg = load_config(None, ["rollout.driver=async"])
     with pytest.raises(ConfigError, match=r"rollout.driver='async'.*Plain"):
-        _with_driver(Plain(), cfg)
+        check_driver(Plain(), cfg)
     with pytest.raises(ConfigError, match=r"rollout\.driver"):
         load_config(None, ["rollout.driver=eager"])
 
@@ -380,7 +380,7 @@ def test_fork_agent_subagents_match_between_drivers(model_tok):
 def _fit(model_dir, out):
     overrides = ("train.steps=2", "rollout.driver=async", "rollout.temperature=0.8", "rollout.env_threads=3")
     trainer = GroupTrainer(load_config(None, arith_run_overrides(model_dir, out, *overrides)))
-    assert trainer.engine.driver == "async" and trainer.engine.program_threads == 3
+    assert trainer.spec.driver == DriverOptions(mode="async", threads=3)
     trainer.fit()
     trainer.close()
     return [
@@ -423,7 +423,7 @@ def test_rtpo_trunks_and_siblings_under_the_async_driver(tiny_model_dir, tmp_pat
     from test_rtpo_trainer import _cfg as rtpo_cfg
 
     trainer = RTPOTrainer(rtpo_cfg(tiny_model_dir, tmp_path / "r", "rollout.driver=async"))
-    assert trainer.rollout_engine.driver == "async"
+    assert trainer.spec.driver.mode == "async"
     trainer.fit()
     trainer.close()
     records = read_metrics(tmp_path / "r")

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from horizonrl.agents.driver import Generate, Spawn, drive
+from horizonrl.agents.driver import DriverOptions, Generate, Spawn, drive
 from horizonrl.cli import main
 from horizonrl.config import load_config
-from horizonrl.inference.base import Generation, SamplingParams
+from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.train.rollout.progress import EvalProgress, watched
 from horizonrl.train.trainers.group import GroupTrainer
 from shaped_env import arith_run_overrides
@@ -20,11 +20,10 @@ LONG = SamplingParams(max_new_tokens=5)
 SHORT = SamplingParams(max_new_tokens=2, temperature=0.5)
 
 
-class _CountingEngine:
+class _CountingEngine(Engine):
     """Answers every prompt with ids that depend on the call number, and records every batch."""
 
-    def __init__(self, threads: int = 1):
-        self.program_threads = threads
+    def __init__(self):
         self.batches: list[tuple[SamplingParams, list[list[int]]]] = []
         self.tokens = 0
 
@@ -37,6 +36,9 @@ class _CountingEngine:
         ]
         self.tokens += sum(len(g.ids) for g in gens)
         return gens
+
+    def score(self, contexts, continuations):
+        raise NotImplementedError
 
 
 def _child(tag: int, params: SamplingParams):
@@ -60,11 +62,12 @@ def _root(i: int):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_watched_programs_make_the_same_batches_and_results_and_count_every_token(capsys, threads):
     tasks, samples = 3, 2
-    plain = _CountingEngine(threads)
-    want = drive(plain, [_root(i) for i in range(tasks * samples)])
-    seen = _CountingEngine(threads)
+    options = DriverOptions(threads=threads)
+    plain = _CountingEngine()
+    want = drive(plain, [_root(i) for i in range(tasks * samples)], options)
+    seen = _CountingEngine()
     progress = EvalProgress(tasks, samples, interval=0.0)
-    got = drive(seen, [watched(_root(i), progress, i // samples) for i in range(tasks * samples)])
+    got = drive(seen, [watched(_root(i), progress, i // samples) for i in range(tasks * samples)], options)
     progress.close()
     assert got == want and seen.batches == plain.batches  # same requests, same order, same batches
     assert any(params == SHORT for params, _ in plain.batches)  # the subagents' batches ...

@@ -121,7 +121,7 @@ def test_sync_driver_with_env_threads_samples_what_one_thread_does(tiny_model_di
             ),
         )
         trainer = GroupTrainer(cfg)
-        assert getattr(trainer.rollout_engine, "program_threads", 1) == threads
+        assert trainer.spec.driver.threads == threads
         groups = trainer.collect(trainer.task_rng.sample(trainer.train_tasks, 2))
         return [
             (r.reward, [(t.prompt_ids, t.response_ids, t.logprobs, t.observation) for t in r.turns])

@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shaped_env  # noqa: E402  (registers arith_shaped)
 from horizonrl import cluster  # noqa: E402
+from horizonrl.agents.driver import DriverOptions  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.credit import flatten_rollouts  # noqa: E402
 from horizonrl.train.trainers.group import GroupTrainer  # noqa: E402
@@ -263,7 +264,7 @@ def test_a_run_with_environment_workers_matches_a_local_run(ray_session, tiny_mo
         steps=1,
     )
     try:
-        assert remote[0].env_pool is not None and remote[0].engine.program_threads == 2
+        assert remote[0].env_pool is not None and remote[0].spec.driver.threads == 2
         turns_l, turns_r = _turns(local[1][0]), _turns(remote[1][0])
         assert [t.response_ids for t in turns_l] == [t.response_ids for t in turns_r]
         assert [t.observation for t in turns_l] == [t.observation for t in turns_r]
@@ -291,7 +292,7 @@ def test_async_driver_on_ray_workers_matches_a_local_async_run(ray_session, tiny
         steps=1,
     )
     try:
-        assert remote[0].engine.driver == "async" and remote[0].engine.program_threads == 8
+        assert remote[0].spec.driver == DriverOptions(mode="async", threads=8)
         assert type(remote[0].engine.open_stream()).__name__ == "RayStream"  # replicas as one stream
         turns_l, turns_r = _turns(local[1][0]), _turns(remote[1][0])
         assert len(turns_l) >= 8

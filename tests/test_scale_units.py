@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from horizonrl.agents.driver import Generate, Spawn, drive
+from horizonrl.agents.driver import DriverOptions, Generate, Spawn, drive
 from horizonrl.config import ConfigError, load_config
 from horizonrl.inference import HFEngine, SamplingParams
-from horizonrl.inference.base import Generation
+from horizonrl.inference.base import Engine, Generation
 from horizonrl.inference.routing import PrefixRouter, block_hashes
 from horizonrl.inference.seeding import RequestSeeds, SeededEngine, request_uniforms
 from horizonrl.models import load_model_and_tokenizer
@@ -118,11 +118,10 @@ def test_router_keeps_rollouts_and_siblings_on_their_replica_within_the_bound():
     assert PrefixRouter(3, mode="round_robin").assign([[1]] * 5) == [0, 1, 2, 0, 1]
 
 
-class _EchoEngine:
+class _EchoEngine(Engine):
     """A scripted engine: the generation is the prompt length; records every call."""
 
-    def __init__(self, threads: int = 1):
-        self.program_threads = threads
+    def __init__(self):
         self.calls: list[list[list[int]]] = []
 
     def generate(self, prompts, params):
@@ -130,6 +129,9 @@ class _EchoEngine:
         return [
             Generation(ids=[len(p)], logprobs=[0.0], text=str(len(p)), finish_reason="stop") for p in prompts
         ]
+
+    def score(self, contexts, continuations):
+        raise NotImplementedError
 
 
 def _programs(log):
@@ -151,9 +153,9 @@ def _programs(log):
 
 
 def test_threaded_advancement_gives_the_same_batches_and_results():
-    serial, threaded = _EchoEngine(1), _EchoEngine(4)
-    a = drive(serial, _programs([]))
-    b = drive(threaded, _programs([]))
+    serial, threaded = _EchoEngine(), _EchoEngine()
+    a = drive(serial, _programs([]), DriverOptions(threads=1))
+    b = drive(threaded, _programs([]), DriverOptions(threads=4))
     assert a == b
     assert serial.calls == threaded.calls
 
@@ -168,7 +170,7 @@ def test_threaded_advancement_reraises_program_errors():
         return 1
 
     with pytest.raises(RuntimeError, match=r"boom"):
-        drive(_EchoEngine(3), [good(), bad(), good()])
+        drive(_EchoEngine(), [good(), bad(), good()], DriverOptions(threads=3))
 
 
 def test_distributed_config_validation():

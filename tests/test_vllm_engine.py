@@ -21,7 +21,8 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 from horizonrl.inference import HFEngine, SamplingParams, make_engine  # noqa: E402
-from horizonrl.inference.vllm_engine import VLLMEngine, _descendants, _shm_segments  # noqa: E402
+from horizonrl.inference.vllm_engine import VLLMEngine  # noqa: E402
+from horizonrl.inference.vllm_procs import descendants, shm_segments  # noqa: E402
 from horizonrl.models import load_model_and_tokenizer  # noqa: E402
 
 TOL = 1e-5  # float32 log-probs, vLLM vs a teacher-forced HF forward
@@ -280,7 +281,7 @@ def test_sync_updates_weights_in_place(engine, policy):
 def test_collective_weight_sync_loads_what_the_file_route_loads(engine, policy, monkeypatch):
     """``weight_sync: collective``: the weights go over the gloo group, never through a file, and vLLM
     then holds exactly what the file route loads for the same state dict."""
-    import horizonrl.inference.vllm_engine as vllm_engine
+    import horizonrl.inference.vllm_weights as vllm_weights
 
     model, tok = policy
     prompts, params = _prompts(4, len(tok), seed=11), SamplingParams(greedy=True, max_new_tokens=12)
@@ -300,7 +301,7 @@ def test_collective_weight_sync_loads_what_the_file_route_loads(engine, policy, 
         def no_file(*a, **k):
             raise AssertionError("the collective route wrote a weight file")
 
-        monkeypatch.setattr(vllm_engine, "write_weights", no_file)
+        monkeypatch.setattr(vllm_weights, "write_weights", no_file)
         for _ in range(2):  # the group is built once and reused
             engine.sync(new_sd)
         assert engine._bus is not None and engine.last_sync_bytes > 0
@@ -366,14 +367,14 @@ def test_killed_owner_leaves_no_engine_processes_or_shared_memory(vllm_tiny_dir,
             """
         )
     )
-    before = _shm_segments()
+    before = shm_segments()
     owner = subprocess.Popen(
         [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert "READY" in owner.stdout.readline()
-        kids = _descendants(owner.pid)
-        made = _shm_segments() - before
+        kids = descendants(owner.pid)
+        made = shm_segments() - before
         assert kids and made
         owner.send_signal(signal.SIGKILL)
         owner.wait()
@@ -381,10 +382,10 @@ def test_killed_owner_leaves_no_engine_processes_or_shared_memory(vllm_tiny_dir,
         if owner.poll() is None:
             owner.kill()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (_alive(kids) or made & _shm_segments()):
+    while time.monotonic() < deadline and (_alive(kids) or made & shm_segments()):
         time.sleep(0.5)
     assert not _alive(kids)
-    assert not made & _shm_segments()
+    assert not made & shm_segments()
 
 
 def _alive(pids) -> set[int]:
@@ -406,6 +407,6 @@ def test_close_stops_the_engine_and_frees_everything(engine):
     engine.close()
     engine.close()  # idempotent
     assert not _alive(engine.pids)
-    assert not engine.shm_segments & _shm_segments()
+    assert not engine.shm_segments & shm_segments()
     with pytest.raises(RuntimeError, match="closed"):
         engine.generate([[5, 6]], SamplingParams())

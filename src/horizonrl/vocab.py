@@ -19,6 +19,7 @@ import enum
 
 __all__ = [
     "AggMode",
+    "DriverMode",
     "ObsKey",
     "OldLogprobs",
     "Overflow",
@@ -29,6 +30,7 @@ __all__ = [
     "TISLevel",
     "TISMode",
     "Termination",
+    "ThinkingHistory",
 ]
 
 
@@ -176,3 +178,31 @@ class TISMode(enum.StrEnum):
 
     TRUNCATE = "truncate"
     MASK = "mask"
+
+
+# --- rollout options (issue 43 item 3) ---------------------------------------------------------------
+
+
+class DriverMode(enum.StrEnum):
+    """How agent programs run against the engine (``rollout.driver``, :func:`horizonrl.agents.driver.drive`).
+
+    ``sync``: round by round, every pending request of every program in one batched engine call per
+    round (the default: it reproduces the recorded results); ``async``: episode by episode, each
+    request goes to the engine as soon as it is made (:mod:`horizonrl.agents.scheduler`; needs an
+    engine with ``supports_seeds``).
+    """
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class ThinkingHistory(enum.StrEnum):
+    """What later prompts keep of earlier sampled thinking (``rollout.thinking_history``,
+    :class:`horizonrl.models.chat.ChatRenderer`), for families whose template drops it (Qwen3).
+
+    ``keep``: the sampled thinking stays in later prompts (one merged row per episode); ``drop``: it
+    is removed as the template does (append context only; each turn trains on its own context).
+    """
+
+    KEEP = "keep"
+    DROP = "drop"

@@ -4,6 +4,7 @@
 - :mod:`.driver` — runs them with batched generation, round by round, or
   (:mod:`.scheduler`) episode by episode;
 - :mod:`.react` — the ReAct episode program and :func:`run_episodes`;
+- :mod:`.renderer` — the :class:`Renderer` protocol: what agents ask of a chat renderer;
 - :mod:`.context` — context managers (``append`` and the registry); the others
   register themselves in their own modules, imported here.
 """
@@ -15,9 +16,10 @@ from horizonrl.agents.context import (
     make_context,
     register_context,
 )
-from horizonrl.agents.driver import Generate, Spawn, drive, run_program
+from horizonrl.agents.driver import DriverOptions, Generate, Spawn, drive, run_program
 from horizonrl.agents.react import LoopLimits, episode_program, run_episodes, start_episode
 from horizonrl.agents.registry import AgentSpec, list_agents, register_agent
+from horizonrl.agents.renderer import Renderer
 
 # Modules that register context managers and agent kinds.
 from horizonrl.agents import compaction, fork, memory, psi, stepwise, summary  # noqa: F401  isort: skip
@@ -25,9 +27,11 @@ from horizonrl.agents import compaction, fork, memory, psi, stepwise, summary  #
 __all__ = [
     "AgentSpec",
     "ContextManager",
+    "DriverOptions",
     "Episode",
     "Generate",
     "LoopLimits",
+    "Renderer",
     "Spawn",
     "drive",
     "episode_program",

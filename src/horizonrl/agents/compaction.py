@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from horizonrl.agents.context import (
@@ -171,25 +172,42 @@ def expert_summary(question: str, turns: list[dict[str, Any]]) -> str:
     return f"<summary>Question: {question} Evidence so far: {evidence}</summary>"
 
 
+@dataclass(frozen=True)
+class CompactionParams:
+    """``rollout.context_params`` of the ``compaction`` context manager (module docstring)."""
+
+    #: Longest session, prompt + generation, in tokens (paper ``L'``; None: ``rollout.context_budget``;
+    #: at least 16).
+    session_limit: int | None = None
+    #: Room kept for the next generation (paper ``B``): a turn is compacted when the prospective
+    #: continuation exceeds ``session_limit - reserve`` (None: the turn's ``max_new_tokens``).
+    reserve: int | None = None
+    #: Compactions allowed per rollout (paper: 10); 0 makes the manager the forced-answer-only session
+    #: limit of subagent forking (paper C.2).
+    max_compactions: int = 10
+    #: Temperature of the compaction sessions (paper: 0.1; None: the rollout temperature).
+    summary_temperature: float | None = 0.1
+    #: Token limit of one compaction generation (None: the turn's ``max_new_tokens``).
+    summary_max_tokens: int | None = None
+    #: ``paper`` (the paper's compaction prompts) or ``short`` (one-line versions for small budgets).
+    prompts: str = "paper"
+    #: Keep a compaction attempt whose summary cannot be parsed as a trained session (an ablation).
+    keep_failed: bool = False
+
+
 @register_context("compaction")
 class CompactionContext(ContextManager):
     """Mosaic context compaction (see the module docstring)."""
 
     needs_rollback = True
+    params_cls = CompactionParams
 
-    def __init__(
-        self,
-        limits,
-        *,
-        session_limit: int | None = None,
-        reserve: int | None = None,
-        max_compactions: int = 10,
-        summary_temperature: float | None = 0.1,
-        summary_max_tokens: int | None = None,
-        prompts: str = "paper",
-        keep_failed: bool = False,
-    ) -> None:
+    def __init__(self, limits, params: CompactionParams | None = None) -> None:
         super().__init__(limits)
+        p = params if params is not None else CompactionParams()
+        session_limit, reserve, max_compactions = p.session_limit, p.reserve, p.max_compactions
+        summary_temperature, summary_max_tokens = p.summary_temperature, p.summary_max_tokens
+        prompts, keep_failed = p.prompts, p.keep_failed
         if prompts not in ("paper", "short"):
             raise ValueError(f"compaction: prompts={prompts!r} must be 'paper' or 'short'")
         self.prompts = PAPER_PROMPTS if prompts == "paper" else SHORT_PROMPTS

@@ -35,9 +35,10 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.registry import Registry
@@ -75,7 +76,7 @@ class Episode:
     env: Env
     task: Task
     rollout: Rollout
-    renderer: Any
+    renderer: Renderer
     segment: Segment
     messages: list[dict[str, str]] = field(default_factory=list)
     tools: list[dict] | None = None
@@ -155,6 +156,11 @@ class ContextManager:
     #: Whether the loop should snapshot the environment before each step so that
     #: :meth:`commit` can roll a discarded turn back (``env.restore``).
     needs_rollback: ClassVar[bool] = False
+    #: The manager's parameters (``rollout.context_params``) as a frozen dataclass: its fields are the
+    #: accepted keys, with their defaults, types and one docstring each; :func:`make_context` builds it
+    #: from the mapping and passes it as ``cls(limits, params)``. None: the manager takes no parameters,
+    #: or (a manager registered by a user) takes them as keywords of ``__init__(limits, **params)``.
+    params_cls: ClassVar[type | None] = None
 
     def __init__(self, limits: LoopLimits) -> None:
         self.limits = limits
@@ -163,7 +169,7 @@ class ContextManager:
 
     def start(self, ep: Episode) -> None:
         ep.context = list(ep.renderer.initial_ids(ep.messages, tools=ep.tools))
-        if getattr(ep.renderer, "check_tokens", False):
+        if ep.renderer.check_tokens:
             ep.state["transcript"] = [dict(m) for m in ep.messages]
             ep.rollout.env.setdefault("metrics", {})["token_mismatch"] = 0.0
 
@@ -210,10 +216,9 @@ def extend_context(ep: Episode, turn: Turn, gen: Generation, result: StepResult)
     r = ep.renderer
     eot = len(r.end_of_turn_ids(turn.response_ids))
     regions = ep.state.setdefault("assistant_regions", [])
-    if hasattr(r, "assistant_region"):
-        regions.append(r.assistant_region(ep.context, len(turn.response_ids) + eot))
+    regions.append(r.assistant_region(ep.context, len(turn.response_ids) + eot))
     ctx = ep.context + list(turn.response_ids) + observation_ids(ep, turn, result)
-    if getattr(r, "drops_history", False):
+    if r.drops_history:
         ctx, regions[:] = r.apply_history(ctx, regions, user_turn=result.has_user_message)
     ep.context = ctx
     transcript = ep.state.get("transcript")
@@ -255,15 +260,25 @@ list_contexts = CONTEXTS.names
 get_context = CONTEXTS.get
 
 
+def context_params_declaration(cls: type[ContextManager]) -> Callable:
+    """What declares the ``rollout.context_params`` of manager class ``cls``: its :attr:`~ContextManager.
+    params_cls`, or for a manager without one its ``__init__`` (parameters after ``self, limits``)."""
+    return cls.params_cls if cls.params_cls is not None else cls.__init__
+
+
 def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
     """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
     cls = get_context(name)
     params = dict(params or {})
-    sig = inspect.signature(cls.__init__)
-    accepted = [p for p in sig.parameters if p not in ("self", "limits")]
+    if cls.params_cls is not None:
+        accepted = [f.name for f in fields(cls.params_cls)]
+    else:
+        accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "limits")]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"context manager {name!r} got unknown parameter(s) {unknown}; accepted: {accepted}")
+    if cls.params_cls is not None:
+        return cls(limits, cls.params_cls(**params))
     return cls(limits, **params)
 
 

@@ -2,8 +2,9 @@
 
 Agent programs (:mod:`horizonrl.agents.program`) yield :class:`Generate` and
 :class:`Spawn` requests. :func:`drive` runs many of them together with one of two
-drivers, chosen by ``mode`` (default: the engine's ``driver`` attribute, which the
-trainer sets from ``rollout.driver``):
+drivers, chosen by :class:`DriverOptions` (the trainer builds them from
+``rollout.driver`` and passes them on :attr:`AgentSpec.driver
+<horizonrl.agents.registry.AgentSpec.driver>`; default ``sync``):
 
 - ``sync`` (round-synchronous, this module): every round gathers the pending
   ``Generate`` requests of all programs, makes one engine call per distinct
@@ -20,7 +21,7 @@ trainer sets from ``rollout.driver``):
 
 Between engine calls the synchronous driver runs the programs' environment steps.
 When those wait on another process (environments in Ray actors,
-:mod:`horizonrl.envs.remote`) an engine may set ``program_threads > 1``: the ready
+:mod:`horizonrl.envs.remote`) :attr:`DriverOptions.threads` may be above 1: the ready
 programs are then resumed in that many threads, one rollout (a root program and
 its subagents) per thread at a time, and their requests are collected in the same
 order as one thread would, so the batches, and with them the samples, are the same.
@@ -46,35 +47,59 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from horizonrl.agents.program import Generate, Program, Spawn, Task, generate_for, resume, settle, start_roots
 from horizonrl.agents.scheduler import drive_async, supports_async
 from horizonrl.inference.base import Engine, Generation
+from horizonrl.vocab import DriverMode
 
-DRIVER_MODES = ("sync", "async")
+DRIVER_MODES = tuple(m.value for m in DriverMode)
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DriverOptions:
+    """How :func:`drive` runs a batch of programs (``rollout.driver`` and its thread counts; built by
+    :func:`horizonrl.train.rollout.workers.driver_options`, carried on
+    :attr:`AgentSpec.driver <horizonrl.agents.registry.AgentSpec.driver>`)."""
+
+    #: ``sync`` (round by round) or ``async`` (episode by episode; module docstring).
+    mode: DriverMode = DriverMode.SYNC
+    #: Threads that resume programs (environment steps): under ``async`` the program threads of
+    #: :func:`~horizonrl.agents.scheduler.drive_async`; under ``sync`` above 1 the rounds resume one
+    #: rollout per thread, collecting requests in one thread's order (module docstring).
+    threads: int = 1
+
+
 def drive(
-    engine: Engine, programs: Sequence[Program], *, mode: str | None = None, path_seeds: bool | None = None
+    engine: Engine,
+    programs: Sequence[Program],
+    options: DriverOptions | None = None,
+    *,
+    mode: str | None = None,
+    path_seeds: bool | None = None,
 ) -> list[Any]:
     """Run ``programs`` to completion; return their values in order (module docstring).
 
-    ``mode``: ``sync`` or ``async`` (default ``engine.driver``, else ``sync``); ``async`` on an engine that
-    cannot take request seeds, or that answers requests itself (``generate_requests``), runs ``sync``.
+    ``options``: the driver and its threads (default :class:`DriverOptions`: ``sync``, one thread);
+    ``mode`` (``sync`` or ``async``), when given, overrides ``options.mode``. ``async`` on an engine that
+    cannot take request seeds, or that answers requests itself (``answers_requests``), runs ``sync``.
     ``path_seeds``: sample every request from its path seed (always so under ``async``).
     """
-    mode = mode or getattr(engine, "driver", None) or "sync"
+    options = options or DriverOptions()
+    mode = mode or options.mode
     if mode not in DRIVER_MODES:
         raise ValueError(f"driver mode must be one of {DRIVER_MODES}, got {mode!r}")
-    if mode == "async":
+    threads = int(options.threads or 1)
+    if mode == DriverMode.ASYNC:
         if supports_async(engine):
-            return drive_async(engine, programs, threads=int(getattr(engine, "program_threads", 1) or 1))
+            return drive_async(engine, programs, threads=threads)
         _warn_sync(engine)
     if path_seeds and not supports_async(engine):
         raise ValueError(f"path seeds need an engine with supports_seeds; {type(engine).__name__} has none")
-    return _drive_rounds(engine, programs, path_seeds=bool(path_seeds))
+    return _drive_rounds(engine, programs, path_seeds=bool(path_seeds), threads=threads)
 
 
 def _warn_sync(engine: Engine) -> None:
@@ -87,7 +112,9 @@ def _warn_sync(engine: Engine) -> None:
 _WARNED: set[str] = set()
 
 
-def _drive_rounds(engine: Engine, programs: Sequence[Program], *, path_seeds: bool) -> list[Any]:
+def _drive_rounds(
+    engine: Engine, programs: Sequence[Program], *, path_seeds: bool, threads: int
+) -> list[Any]:
     """The round-synchronous driver (module docstring)."""
     roots = start_roots(engine, programs, path_seeds=path_seeds)
     ready: deque[tuple[Task, Any]] = deque((t, None) for t in roots)
@@ -96,7 +123,6 @@ def _drive_rounds(engine: Engine, programs: Sequence[Program], *, path_seeds: bo
     def on_ready(task: Task, value: Any) -> None:
         ready.append((task, value))
 
-    threads = int(getattr(engine, "program_threads", 1) or 1)
     pool = ThreadPoolExecutor(threads) if threads > 1 and len(roots) > 1 else None
     try:
         while ready or pending:
@@ -135,9 +161,18 @@ def _advance_threaded(pool: ThreadPoolExecutor, ready: deque, on_ready, on_reque
             settle(task, out, on_ready, on_request)
 
 
-def run_program(engine: Engine, program: Program) -> Any:
+def run_program(engine: Engine, program: Program, options: DriverOptions | None = None) -> Any:
     """Drive a single program (convenience for tests and scripts)."""
-    return drive(engine, [program])[0]
+    return drive(engine, [program], options)[0]
 
 
-__all__ = ["DRIVER_MODES", "Generate", "Generation", "Program", "Spawn", "drive", "run_program"]
+__all__ = [
+    "DRIVER_MODES",
+    "DriverOptions",
+    "Generate",
+    "Generation",
+    "Program",
+    "Spawn",
+    "drive",
+    "run_program",
+]

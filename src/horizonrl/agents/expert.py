@@ -34,6 +34,8 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams
 class ExpertEngine(Engine):
     """Replies with ``request.expert(rng, noise)`` + end-of-turn, cut to ``max_new_tokens``."""
 
+    answers_requests = True
+
     def __init__(
         self, tokenizer, *, eos_id: int, seed: int = 0, noise: float = 0.0, clean_labels: bool = False
     ) -> None:

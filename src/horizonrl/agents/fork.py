@@ -29,6 +29,7 @@ overrun the session limit gets the forced-answer message (paper C.2).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from horizonrl.agents.context import Episode, SubProgram, make_context
@@ -258,7 +259,25 @@ class ForkHandler:
         return episode_program(child, manager, self.spec.params), seg
 
 
-@register_agent("fork")
+@dataclass(frozen=True)
+class ForkParams:
+    """``rollout.agent_params`` of the ``fork`` agent (module docstring)."""
+
+    #: Subagents one fork call may start (paper C.2: in [1, 3]).
+    max_subagents: int = 3
+    #: Fork calls allowed per rollout (>= 0).
+    max_forks: int = 10
+    #: ``paper`` (the delegation and subagent prompts and the fork tool schema verbatim) or ``short``
+    #: (one-line versions, the fork call shown by example instead of its schema, for small context
+    #: budgets such as the embedded tiny model).
+    prompts: str = "paper"
+    #: ``shared`` (paper B.1: every child of a call gets the main context after all its results as h+,
+    #: so siblings get identical information gains) or ``own`` (the main context after only that
+    #: child's result line: a junk child and a correct one differ).
+    child_h_plus: str = "shared"
+
+
+@register_agent("fork", params=ForkParams)
 def fork_agent(
     env: Env,
     task: Task,
@@ -266,21 +285,11 @@ def fork_agent(
     *,
     uid: str,
     group_id: str,
-    max_subagents: int = 3,
-    max_forks: int = 10,
-    prompts: str = "paper",
-    child_h_plus: str = "shared",
+    params: ForkParams | None = None,
 ) -> Program:
-    """Main agent with the ``fork`` tool (module docstring).
-
-    ``agent_params``: ``max_subagents`` (3), ``max_forks`` (10), ``prompts``: ``paper``
-    (the delegation and subagent prompts and the fork tool schema verbatim) or ``short`` (one-line
-    versions, the fork call shown by example instead of its schema, for small context budgets such as
-    the embedded tiny model), ``child_h_plus``:
-    ``shared`` (paper B.1: every child of a call gets the main context after all its
-    results as h+, so siblings get identical information gains) or ``own`` (the main
-    context after only that child's result line: a junk child and a correct one differ).
-    """
+    """Main agent with the ``fork`` tool (module docstring; ``agent_params``: :class:`ForkParams`)."""
+    p = params if params is not None else ForkParams()
+    max_subagents, max_forks, prompts, child_h_plus = p.max_subagents, p.max_forks, p.prompts, p.child_h_plus
     if prompts not in ("paper", "short"):
         raise ValueError(f"fork: prompts={prompts!r} must be 'paper' or 'short'")
     if child_h_plus not in ("shared", "own"):
@@ -333,6 +342,7 @@ __all__ = [
     "FORK_TOOL",
     "SUBAGENT_PROMPT",
     "ForkHandler",
+    "ForkParams",
     "fork_agent",
     "fork_call",
 ]

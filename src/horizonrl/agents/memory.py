@@ -300,29 +300,50 @@ def _quote(text: str) -> str:
     return collapse(text, 100_000).replace('"', "'")
 
 
+@dataclass(frozen=True)
+class MemoryParams:
+    """``rollout.context_params`` of the ``memory`` context manager (ECHO; module docstring)."""
+
+    #: ``S``: turns the selection may keep (the first ``S`` valid indices; >= 0).
+    max_selected: int = 8
+    #: ``K``: the latest turns always kept, merged with the selected ones (>= 1).
+    keep_latest: int = 3
+    #: Reconstructions (new segments) allowed per rollout (5: six segments); needing another ends the
+    #: rollout as overlong.
+    max_reconstructions: int = 5
+    #: Token limit of one selection generation (>= 1).
+    selection_tokens: int = 64
+    #: Longest selection prompt + selection, in tokens (None: twice ``rollout.context_budget``; >= 2).
+    selection_budget: int | None = None
+    #: Characters kept of a finding (the text that completes a turn record; >= 1).
+    finding_chars: int = 300
+    #: Characters kept of an action summary in a record (>= 1).
+    action_chars: int = 120
+    #: ``learned`` (the policy selects the turns) or ``semantic`` (an embedding ranking, an ablation).
+    retrieval: str = "learned"
+    #: ``findings`` (kept records show their findings) or ``full`` (their raw observations, an ablation).
+    observations: str = "findings"
+    #: Text embedder of ``retrieval="semantic"`` (None: the built-in one); not settable from YAML.
+    embed_fn: Callable[[list[str]], np.ndarray] | None = None
+    #: Keep the finding of a turn whose step overran the budget (true) or drop it.
+    keep_overflow_finding: bool = True
+
+
 @register_context("memory")
 class MemoryContext(MessageManager):
     """ECHO turn memory (see the module docstring for the protocol and the parameters)."""
 
     needs_rollback = True
+    params_cls = MemoryParams
 
-    def __init__(
-        self,
-        limits: LoopLimits,
-        *,
-        max_selected: int = 8,
-        keep_latest: int = 3,
-        max_reconstructions: int = 5,
-        selection_tokens: int = 64,
-        selection_budget: int | None = None,
-        finding_chars: int = 300,
-        action_chars: int = 120,
-        retrieval: str = "learned",
-        observations: str = "findings",
-        embed_fn: Callable[[list[str]], np.ndarray] | None = None,
-        keep_overflow_finding: bool = True,
-    ) -> None:
+    def __init__(self, limits: LoopLimits, params: MemoryParams | None = None) -> None:
         super().__init__(limits)
+        p = params if params is not None else MemoryParams()
+        max_selected, keep_latest, max_reconstructions = p.max_selected, p.keep_latest, p.max_reconstructions
+        selection_tokens, selection_budget = p.selection_tokens, p.selection_budget
+        finding_chars, action_chars = p.finding_chars, p.action_chars
+        retrieval, observations, embed_fn = p.retrieval, p.observations, p.embed_fn
+        keep_overflow_finding = p.keep_overflow_finding
         if not isinstance(keep_overflow_finding, bool):
             raise ValueError(
                 f"memory context: keep_overflow_finding must be true or false, got {keep_overflow_finding!r}"

@@ -31,7 +31,7 @@ class Generate:
     """Request one sampled continuation of ``prompt_ids``.
 
     ``expert`` optionally gives what a scripted expert would say here,
-    ``expert(rng, noise) -> text``: engines with a ``generate_requests`` method
+    ``expert(rng, noise) -> text``: engines that ``answers_requests``
     (:class:`horizonrl.agents.expert.ExpertEngine`) answer with it, so running the
     agent program with the expert engine records demonstrations in exactly the
     format (prompts, sessions, protocol messages) the policy is trained on.
@@ -145,14 +145,14 @@ def start_roots(engine, programs: Sequence[Program], *, path_seeds: bool) -> lis
 
 def generate_for(engine, tasks: Sequence[Task], *, path_seeds: bool) -> list[tuple[Task, Any]]:
     """Serve the tasks' pending ``Generate`` requests with whole engine calls, one per distinct
-    ``SamplingParams``: ``(task, generation)`` pairs. An engine with ``generate_requests`` (the expert)
+    ``SamplingParams``: ``(task, generation)`` pairs. An engine that ``answers_requests`` (the expert)
     answers the requests itself; with ``path_seeds`` every request is sampled from its path seed."""
     by_params: dict[SamplingParams, list[Task]] = {}
     for t in tasks:
         by_params.setdefault(t.request.params, []).append(t)
     done: list[tuple[Task, Any]] = []
     for params, group in by_params.items():
-        if hasattr(engine, "generate_requests"):
+        if engine.answers_requests:
             gens = engine.generate_requests([t.request for t in group])
         else:
             prompts = [list(t.request.prompt_ids) for t in group]

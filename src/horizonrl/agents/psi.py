@@ -62,6 +62,7 @@ from horizonrl.agents.context import (
     register_context,
 )
 from horizonrl.agents.driver import Generate
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
@@ -141,17 +142,36 @@ class PsiContext(ContextManager):
         return base + [t for rec in turns for t in rec["ids"] + rec["cont"]]
 
 
+@dataclass(frozen=True)
+class WindowParams:
+    """``rollout.context_params`` of the ``window`` conditioning map."""
+
+    #: Earlier turns kept (``n = 0``: the task only; >= 0).
+    n: int = 2
+
+
 @register_context("window")
 class WindowContext(PsiContext):
     """Truncation to the last ``n`` turns: ``c_k = prompt + blocks[k-n:k]`` (``n = 0``: the task only)."""
 
-    def __init__(self, limits, n: int = 2) -> None:
+    params_cls = WindowParams
+
+    def __init__(self, limits, params: WindowParams | None = None) -> None:
         super().__init__(limits)
+        n = (params if params is not None else WindowParams()).n
         self.n = _check_int("window.n", n, 0)
 
     def build(self, ep: Episode, base: list[int], turns: list[dict[str, Any]]) -> list[int]:
         kept = turns[len(turns) - self.n :] if self.n else []
         return super().build(ep, base, kept)
+
+
+@dataclass(frozen=True)
+class StripThinkParams:
+    """``rollout.context_params`` of the ``strip_think`` conditioning map."""
+
+    #: The last turns that keep their ``<think>`` blocks (and sampled ids; >= 0).
+    keep_last: int = 0
 
 
 @register_context("strip_think")
@@ -163,8 +183,11 @@ class StripThinkContext(PsiContext):
     think block keep their sampled ids.
     """
 
-    def __init__(self, limits, keep_last: int = 0) -> None:
+    params_cls = StripThinkParams
+
+    def __init__(self, limits, params: StripThinkParams | None = None) -> None:
         super().__init__(limits)
+        keep_last = (params if params is not None else StripThinkParams()).keep_last
         self.keep_last = _check_int("strip_think.keep_last", keep_last, 0)
 
     def build(self, ep: Episode, base: list[int], turns: list[dict[str, Any]]) -> list[int]:
@@ -181,6 +204,18 @@ class StripThinkContext(PsiContext):
         return out
 
 
+@dataclass(frozen=True)
+class TurnSummaryParams:
+    """``rollout.context_params`` of the ``turn_summary`` conditioning map."""
+
+    #: ``extract`` (deterministic, :func:`extract_summary`) or ``policy`` (the policy writes each line).
+    summarizer: str = "extract"
+    #: Characters of the observation text kept by the extractive summary and shown to the policy (>= 1).
+    obs_chars: int = 200
+    #: Token limit of one policy-written summary line (>= 1).
+    summary_max_tokens: int = 48
+
+
 @register_context("turn_summary")
 class TurnSummaryContext(PsiContext):
     """Per-turn summaries: the next round sees the task and one summary line per earlier round.
@@ -191,10 +226,12 @@ class TurnSummaryContext(PsiContext):
     by the extractive summary (and shown to the policy summarizer).
     """
 
-    def __init__(
-        self, limits, summarizer: str = "extract", obs_chars: int = 200, summary_max_tokens: int = 48
-    ) -> None:
+    params_cls = TurnSummaryParams
+
+    def __init__(self, limits, params: TurnSummaryParams | None = None) -> None:
         super().__init__(limits)
+        p = params if params is not None else TurnSummaryParams()
+        summarizer, obs_chars, summary_max_tokens = p.summarizer, p.obs_chars, p.summary_max_tokens
         if summarizer not in ("extract", "policy"):
             raise ValueError(f"turn_summary.summarizer={summarizer!r}: must be 'extract' or 'policy'")
         self.summarizer = summarizer
@@ -241,7 +278,9 @@ def _extends(prefix: Sequence[int], full: Sequence[int]) -> bool:
     return len(full) >= len(prefix) and list(full[: len(prefix)]) == list(prefix)
 
 
-def flat_prompts(turns: Sequence[Turn], renderer, *, start: Sequence[int] | None = None) -> list[list[int]]:
+def flat_prompts(
+    turns: Sequence[Turn], renderer: Renderer, *, start: Sequence[int] | None = None
+) -> list[list[int]]:
     """The concatenated full history ``S_k`` each of ``turns`` would have seen under ``identity``.
 
     ``turns`` are consecutive agent turns of one session; ``start`` is the flat
@@ -272,7 +311,7 @@ def flat_prompts(turns: Sequence[Turn], renderer, *, start: Sequence[int] | None
     return out
 
 
-def flat_view(rollout: Rollout, renderer) -> Rollout:
+def flat_view(rollout: Rollout, renderer: Renderer) -> Rollout:
     """A copy of ``rollout`` whose agent session's turns carry their flat history ``S_k`` as prompt.
 
     What flattened-history training (GRPO in the RTPO paper, Eq. 1-2) conditions on;
@@ -356,7 +395,7 @@ class BoundaryRecorder(ContextManager):
         yield from self.inner.commit(ep, turn, gen, result, snapshot)
 
 
-def resume_episode(b: Boundary, env: Env, task: Task, renderer, *, uid: str) -> Episode:
+def resume_episode(b: Boundary, env: Env, task: Task, renderer: Renderer, *, uid: str) -> Episode:
     """An episode that continues from boundary ``b``: ``env`` restored from ``snap_k``, context ``c_k``.
 
     The new rollout holds the turns from ``k`` on (``branch = (trunk, k)``); run it
@@ -388,8 +427,11 @@ __all__ = [
     "BoundaryRecorder",
     "PsiContext",
     "StripThinkContext",
+    "StripThinkParams",
     "TurnSummaryContext",
+    "TurnSummaryParams",
     "WindowContext",
+    "WindowParams",
     "extract_summary",
     "flat_prompts",
     "resume_episode",

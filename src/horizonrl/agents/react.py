@@ -29,7 +29,8 @@ from horizonrl.agents.context import (
     generation_turn,
     make_context,
 )
-from horizonrl.agents.driver import Generate, Program, drive
+from horizonrl.agents.driver import DriverOptions, Generate, Program, drive
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.episodic import finite_number
 from horizonrl.envs.tools import parse_answer
@@ -46,7 +47,7 @@ def system_message(env: Env) -> dict[str, str]:
 def start_episode(
     env: Env,
     task: Task,
-    renderer,
+    renderer: Renderer,
     *,
     uid: str,
     group_id: str,
@@ -157,7 +158,7 @@ def _end_without_answer(ep: Episode, termination: str) -> None:
 
 def run_episodes(
     engine: Engine,
-    renderer,
+    renderer: Renderer,
     episodes: Sequence[Episode],
     params: SamplingParams,
     limits: LoopLimits,
@@ -165,11 +166,13 @@ def run_episodes(
     context: str = "append",
     context_params: dict | None = None,
     tool_handler: ToolHandler | None = None,
+    driver: DriverOptions | None = None,
 ) -> list[Rollout]:
     """Run ``episodes`` to completion with batched generation; return their rollouts.
 
     ``context`` names the context manager (one instance per episode, built from
-    ``context_params``); ``tool_handler`` intercepts special tool calls (forking).
+    ``context_params``); ``tool_handler`` intercepts special tool calls (forking);
+    ``driver``: how they run (default: round by round, one thread).
     """
     programs = []
     for ep in episodes:
@@ -177,4 +180,4 @@ def run_episodes(
             ep.renderer = renderer
         manager = make_context(context, limits, context_params)
         programs.append(episode_program(ep, manager, params, tool_handler=tool_handler))
-    return drive(engine, programs)
+    return drive(engine, programs, driver)

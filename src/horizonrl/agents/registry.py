@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from horizonrl.agents.context import make_context
-from horizonrl.agents.driver import Program
+from horizonrl.agents.driver import DriverOptions, Program
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import Env, Task
 from horizonrl.inference.base import SamplingParams
 from horizonrl.registry import Registry
@@ -39,20 +40,46 @@ FEW_SHOT_AGENTS = ("react", "fork")
 class AgentSpec:
     """Everything an agent kind needs besides the episode itself."""
 
-    renderer: Any
+    #: Renders chat messages as prompt token ids (:class:`~horizonrl.agents.renderer.Renderer`).
+    renderer: Renderer
+    #: Sampling parameters of the policy's generations (``rollout.temperature``, ``top_p``, ...).
     params: SamplingParams
+    #: Turn limit, context budget and overflow policy of one episode (``rollout.max_turns``, ...).
     limits: LoopLimits
+    #: The context manager's registered name (``rollout.context``).
     context: str = "append"
+    #: Keyword parameters of the context manager (``rollout.context_params``).
     context_params: dict[str, Any] = field(default_factory=dict)
+    #: Keyword parameters of the agent kind (``rollout.agent_params``).
     agent_params: dict[str, Any] = field(default_factory=dict)
+    #: Builds a fresh environment (the fork agent's subagents need one each).
     make_env: Callable[[], Env] | None = None
     #: Chat turns shown between the system message and the task (``rollout.few_shot``'s expert episodes).
     preamble: tuple[dict[str, Any], ...] = ()
+    #: How the programs run (``rollout.driver`` and its threads; :func:`horizonrl.agents.driver.drive`).
+    driver: DriverOptions = field(default_factory=DriverOptions)
 
 
-def register_agent(name: str) -> Callable[[AgentFn], AgentFn]:
-    """Decorator registering the agent kind ``fn(env, task, spec, *, uid, group_id, **agent_params)``."""
-    return AGENTS.register(name)
+#: The declared parameters of the agent kinds that have them (``register_agent(name, params=...)``).
+AGENT_PARAMS: dict[str, type] = {}
+
+
+def register_agent(name: str, *, params: type | None = None) -> Callable[[AgentFn], AgentFn]:
+    """Decorator registering the agent kind ``name``.
+
+    With ``params`` (a frozen dataclass whose fields are the accepted ``rollout.agent_params``, one
+    docstring each) the kind is ``fn(env, task, spec, *, uid, group_id, params)``, called with the
+    dataclass built from the mapping; without, ``fn(env, task, spec, *, uid, group_id, **agent_params)``.
+    """
+    register = AGENTS.register(name)
+
+    def deco(fn: AgentFn) -> AgentFn:
+        fn = register(fn)
+        if params is not None:
+            AGENT_PARAMS[name] = params
+        return fn
+
+    return deco
 
 
 #: Names of the registered agent kinds, sorted.
@@ -63,19 +90,32 @@ list_agents = AGENTS.names
 get_agent = AGENTS.get
 
 
+def agent_params_declaration(name: str) -> Callable:
+    """What declares the ``rollout.agent_params`` of agent kind ``name``: its params dataclass, or for a
+    kind registered without one its function (keyword-only parameters after ``uid, group_id``)."""
+    fn = get_agent(name)
+    return AGENT_PARAMS.get(name, fn)
+
+
 def check_agent_params(name: str, params: dict[str, Any]) -> None:
     """ValueError naming any ``agent_params`` key the agent kind does not accept."""
     fn = get_agent(name)
-    sig = inspect.signature(fn)
-    accepted = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    accepted = [p for p in accepted if p not in ("uid", "group_id")]
+    if name in AGENT_PARAMS:
+        accepted = [f.name for f in fields(AGENT_PARAMS[name])]
+    else:
+        sig = inspect.signature(fn)
+        accepted = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        accepted = [p for p in accepted if p not in ("uid", "group_id")]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"agent {name!r} got unknown agent_params {unknown}; accepted: {accepted}")
 
 
 def make_program(name: str, env: Env, task: Task, spec: AgentSpec, *, uid: str, group_id: str) -> Program:
-    return get_agent(name)(env, task, spec, uid=uid, group_id=group_id, **spec.agent_params)
+    fn = get_agent(name)
+    if name in AGENT_PARAMS:
+        return fn(env, task, spec, uid=uid, group_id=group_id, params=AGENT_PARAMS[name](**spec.agent_params))
+    return fn(env, task, spec, uid=uid, group_id=group_id, **spec.agent_params)
 
 
 @register_agent("react")

@@ -48,8 +48,8 @@ LINGER = 0.1
 
 def supports_async(engine: Engine) -> bool:
     """Whether ``engine`` can serve the asynchronous driver: it takes request seeds and does not
-    answer requests itself (the expert engine's ``generate_requests``)."""
-    return bool(getattr(engine, "supports_seeds", False)) and not hasattr(engine, "generate_requests")
+    answer requests itself (``answers_requests``: the expert engine)."""
+    return bool(engine.supports_seeds) and not engine.answers_requests
 
 
 @dataclass
@@ -96,7 +96,7 @@ class _Scheduler:
         self.waiting: list[tuple[float, Task]] = []  # requests not yet given to the engine
         self.engine_busy = False
         self.last_call: float | None = None  # duration of the previous engine call
-        self.stream = engine.open_stream() if hasattr(engine, "open_stream") else None
+        self.stream = engine.open_stream()
         self.wake = threading.Condition()
         self.stopping = False
 

@@ -61,16 +61,15 @@ NO_OBSERVATION = "(none)"
 
 @dataclass(frozen=True)
 class StepFormat:
-    """How step prompts are built (the ``stepwise`` agent's parameters).
+    """How step prompts are built (the ``stepwise`` agent's parameters, ``rollout.agent_params``)."""
 
-    ``history``: ``K_H`` pairs shown; ``tools``: render the tool schemas; ``admissible``:
-    list ``env.admissible_commands()``; ``task_lines``: leading lines of the first
-    message that state the task (the rest is ``o_{i,0}``).
-    """
-
+    #: ``K_H``: the latest observation-action pairs shown in each step's prompt (>= 0).
     history: int = DEFAULT_HISTORY
+    #: Render the environment's tool schemas in the prompt.
     tools: bool = True
+    #: List ``env.admissible_commands()`` in the prompt.
     admissible: bool = True
+    #: Leading lines of the first message that state the task (the rest is ``o_{i,0}``; >= 1).
     task_lines: int = 1
 
     def __post_init__(self) -> None:
@@ -270,7 +269,7 @@ def _program(env: Env, task: Task, spec: AgentSpec, uid: str, group_id: str, fmt
     return rollout
 
 
-@register_agent("stepwise")
+@register_agent("stepwise", params=StepFormat)
 def stepwise(
     env: Env,
     task: Task,
@@ -278,14 +277,11 @@ def stepwise(
     *,
     uid: str,
     group_id: str,
-    history: int = DEFAULT_HISTORY,
-    tools: bool = True,
-    admissible: bool = True,
-    task_lines: int = 1,
+    params: StepFormat | None = None,
 ) -> Program:
-    """One rebuilt prompt per step with the last ``history`` observation-action pairs (module docstring)."""
-    fmt = StepFormat(history=history, tools=tools, admissible=admissible, task_lines=task_lines)
-    return _program(env, task, spec, uid, group_id, fmt)
+    """One rebuilt prompt per step with the last ``history`` observation-action pairs (module docstring;
+    ``agent_params``: :class:`StepFormat`)."""
+    return _program(env, task, spec, uid, group_id, params if params is not None else StepFormat())
 
 
 # ----------------------------------------------------------------- warm-start demonstrations

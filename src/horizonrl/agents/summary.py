@@ -46,6 +46,7 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.react import LoopLimits
+from horizonrl.agents.renderer import Renderer
 from horizonrl.envs.base import StepResult
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
@@ -136,7 +137,7 @@ class MessageContext:
     :func:`horizonrl.agents.context.observation_ids` extends the append-only context.
     """
 
-    renderer: Any
+    renderer: Renderer
     tools: list | None
     base: list[dict[str, str]]
     head: list[int] | None = None
@@ -216,6 +217,19 @@ class MessageManager(ContextManager):
         return out
 
 
+@dataclass(frozen=True)
+class SummaryParams:
+    """``rollout.context_params`` of the ``summary`` context manager (SUPO; module docstring)."""
+
+    #: ``S``: summaries allowed per rollout (>= 0); needing another ends the rollout as overlong.
+    max_summaries: int = 5
+    #: The summary limit: tokens of one summary generation (>= 1).
+    summary_tokens: int = 128
+    #: Longest summary prompt + summary, in tokens (None: ``2 B``, twice ``rollout.context_budget``;
+    #: >= 2; keep it within the model's context length).
+    summary_budget: int | None = None
+
+
 @register_context("summary")
 class SummaryContext(MessageManager):
     """SUPO rolling summary (see the module docstring).
@@ -225,15 +239,12 @@ class SummaryContext(MessageManager):
     default ``2 B``; keep it within the model's context length).
     """
 
-    def __init__(
-        self,
-        limits: LoopLimits,
-        *,
-        max_summaries: int = 5,
-        summary_tokens: int = 128,
-        summary_budget: int | None = None,
-    ) -> None:
+    params_cls = SummaryParams
+
+    def __init__(self, limits: LoopLimits, params: SummaryParams | None = None) -> None:
         super().__init__(limits)
+        p = params if params is not None else SummaryParams()
+        max_summaries, summary_tokens, summary_budget = p.max_summaries, p.summary_tokens, p.summary_budget
         for name, value, lo in (("max_summaries", max_summaries, 0), ("summary_tokens", summary_tokens, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"summary context: {name} must be an integer >= {lo}, got {value!r}")

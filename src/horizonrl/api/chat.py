@@ -199,7 +199,7 @@ class ChatService:
         """``build(builder)`` checked: a 400 naming the field for an invalid schema, a missing llguidance
         or an engine that cannot constrain decoding. With ``prefill_only`` an engine that cannot constrain
         gets the constraint's prefill alone (grammar ``""``: not applied), built without llguidance."""
-        engine_can = bool(getattr(self.engine, "supports_grammar", False))
+        engine_can = bool(self.engine.supports_grammar)
         if not (self.constrain and engine_can):
             if prefill_only:
                 unchecked = GrammarBuilder.from_tokenizer(self.tokenizer, self.renderer.eos_id, check=False)
@@ -235,9 +235,9 @@ class ChatService:
         if req.seed is not None and not self.scheduler.can_seed:
             raise BadRequest(400, "seed: this engine cannot be seeded", "seed")
         top = req.top_logprobs or 0
-        if top and not getattr(self.engine, "supports_top_logprobs", False):
+        if top and not self.engine.supports_top_logprobs:
             raise BadRequest(400, "top_logprobs: this engine does not report alternatives", "top_logprobs")
-        if req.ignore_eos and not getattr(self.engine, "supports_ignore_eos", False):
+        if req.ignore_eos and not self.engine.supports_ignore_eos:
             raise BadRequest(400, "ignore_eos: this engine does not support it", "ignore_eos")
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if use_tools else None

@@ -315,10 +315,10 @@ class Scheduler:
     def _interruptible(self, batch: list[Job], rows: int) -> bool:
         """Whether this call may run to the end of its budget and be cut when someone waits."""
         fits = rows <= int(getattr(self.engine, "max_batch_size", rows))
-        return batch[0].seed is None and fits and bool(getattr(self.engine, "supports_interrupt", False))
+        return batch[0].seed is None and fits and bool(self.engine.supports_interrupt)
 
     def _resumes_grammar(self) -> bool:
-        return bool(getattr(self.engine, "supports_grammar_resume", False))
+        return bool(self.engine.supports_grammar_resume)
 
     def _interrupt(self, batch: list[Job], rows: list[tuple[Job, RowState]]):
         """``interrupt(steps, live)`` for the engine: stop once another job waits (after a slice), or

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from horizonrl.config.fields import _Section, opt
-from horizonrl.vocab import Overflow
+from horizonrl.vocab import DriverMode, Overflow, ThinkingHistory
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class RolloutConfig(_Section):
         "prompts (one merged row per episode; later prompts then differ from the template's rendering), "
         "or 'drop' it as the template does (append context only; each turn is then trained on its own "
         "exact context)",
-        choices=("keep", "drop"),
+        choices=tuple(m.value for m in ThinkingHistory),
     )
     few_shot: int = opt(
         0,
@@ -71,7 +71,7 @@ class RolloutConfig(_Section):
         "to float rounding of batch shapes: the same tokens on CPU float32 (log-probs to ~5e-7), not "
         "promised on a GPU; docs/scale.md). "
         "'sync' stays the default because it reproduces the recorded results",
-        choices=("sync", "async"),
+        choices=tuple(m.value for m in DriverMode),
     )
     env_threads: int = opt(
         8, "threads that resume agent programs (environment steps) under driver 'async'", ge=1, le=1024

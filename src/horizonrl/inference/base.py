@@ -166,6 +166,17 @@ class MappedStream(GenerationStream):
 
 
 class Engine(ABC):
+    """A sampler and scorer of token ids (module docstring).
+
+    **Capabilities.** What an engine can do beyond :meth:`generate` and :meth:`score` is declared here,
+    as class attributes and methods with defaults that every engine inherits, and read as plain
+    attributes (``engine.supports_seeds``), never probed with ``getattr``/``hasattr``: an engine that
+    can do more overrides the attribute (``HFEngine.supports_grammar = True``). The capabilities:
+    ``supports_top_logprobs``, ``supports_ignore_eos``, ``supports_interrupt``, ``supports_grammar``,
+    ``supports_grammar_resume``, ``supports_seeds`` (with :meth:`draw_seeds`), ``answers_requests``
+    (with :meth:`generate_requests`), and :meth:`open_stream` (None: no continuous batching).
+    """
+
     #: Whether ``generate`` honours ``SamplingParams.top_logprobs`` / ``SamplingParams.ignore_eos``.
     supports_top_logprobs: bool = False
     supports_ignore_eos: bool = False
@@ -180,6 +191,10 @@ class Engine(ABC):
     #: :mod:`horizonrl.inference.seeding`) and ``draw_seeds`` gives fresh ones: what the asynchronous
     #: driver needs (:mod:`horizonrl.agents.scheduler`).
     supports_seeds: bool = False
+    #: Whether the engine answers the agents' ``Generate`` requests itself (:meth:`generate_requests`,
+    #: the scripted expert of :mod:`horizonrl.agents.expert`) instead of sampling prompts with
+    #: :meth:`generate`; the drivers then hand it whole requests and never run it asynchronously.
+    answers_requests: bool = False
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
@@ -205,6 +220,10 @@ class Engine(ABC):
         """``n`` request seeds in ``[0, 2**62)`` from the engine's checkpointed RNG (``supports_seeds``)."""
         raise NotImplementedError(f"{type(self).__name__} does not draw request seeds")
 
+    def generate_requests(self, requests: Sequence) -> list[Generation]:
+        """One generation per agent ``Generate`` request, answered by the engine (``answers_requests``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not answer requests itself")
+
     def sync(self, state_dict: Mapping | None = None) -> None:  # noqa: B027
         """Load new policy weights: ``state_dict`` if given; ``None`` means "the training model
         changed" (a no-op for engines that run it, a pull for engines that keep their own copy)."""
@@ -228,10 +247,17 @@ class EngineWrapper(Engine):
 
     @property
     def supports_seeds(self) -> bool:  # a subclass whose generate drops ``seeds=`` sets False
-        return bool(getattr(self.inner, "supports_seeds", False))
+        return bool(self.inner.supports_seeds)
 
     def draw_seeds(self, n: int) -> list[int]:
         return self.inner.draw_seeds(n)
+
+    @property
+    def answers_requests(self) -> bool:
+        return bool(self.inner.answers_requests)
+
+    def generate_requests(self, requests: Sequence) -> list[Generation]:
+        return self.inner.generate_requests(requests)
 
     def open_stream(self) -> GenerationStream | None:
         """None: a wrapper whose ``generate`` changes requests or results must say how its stream does

@@ -135,7 +135,7 @@ class SeededEngine(SeedStateMixin, EngineWrapper):
         self.seeds = RequestSeeds(seed)
         self.supports_top_logprobs = engine.supports_top_logprobs
         self.supports_ignore_eos = engine.supports_ignore_eos
-        self.supports_grammar = getattr(engine, "supports_grammar", False)
+        self.supports_grammar = engine.supports_grammar
 
     supports_seeds = True
 

@@ -86,16 +86,13 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
-import contextlib  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import weakref  # noqa: E402
-from collections.abc import Mapping, Sequence  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -105,8 +102,21 @@ from horizonrl.inference.base import Engine, Generation, SamplingParams  # noqa:
 from horizonrl.inference.registry import register_engine  # noqa: E402
 from horizonrl.inference.seeding import draw_seeds  # noqa: E402
 from horizonrl.inference.stops import as_id_set, first_stop  # noqa: E402
-from horizonrl.inference.vllm_reaper import mapped_shm, start_time  # noqa: E402
+from horizonrl.inference.vllm_procs import (  # noqa: E402
+    descendants,
+    engine_processes,
+    shm_segments,
+    shutdown,
+    start_reaper,
+)
 from horizonrl.inference.vllm_stream import VLLMStream  # noqa: E402
+from horizonrl.inference.vllm_weights import (  # noqa: E402
+    WEIGHT_SYNC_ROUTES,
+    WeightSync,
+    lora_engine_kwargs,
+    weights_version,
+    write_weights,
+)
 from horizonrl.models import lora as lora_utils  # noqa: E402
 
 try:  # the registry turns an ImportError into "install horizonrl[vllm]"
@@ -122,131 +132,52 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "horizonrl.inference.vllm_worker.WeightSyncExtension"
 _CPU_KV_BYTES = 2**30
 _GPU_MEMORY_UTILIZATION = 0.4
-#: The ranks vLLM's ``max_lora_rank`` accepts (vLLM 0.32).
-_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-#: Name and id of the one adapter a LoRA policy's engine serves.
-_LORA_NAME, _LORA_ID = "horizonrl-policy", 1
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _weights_version(model: torch.nn.Module) -> tuple[int, ...]:
-    """Torch's in-place version counter of every parameter: changes whenever one is modified."""
-    return tuple(int(getattr(p, "_version", -1)) for p in model.parameters())
+def _stage_model(model, model_dir: str):
+    """Put ``model`` where vLLM loads it (``model_dir``): a model directory's files copied, a LoRA
+    policy's frozen base as a plain model (the adapters come later), any other model saved; returns
+    ``(config, dtype, generation config)`` of what was staged."""
+    if isinstance(model, str | os.PathLike):
+        src = Path(model)
+        for f in src.iterdir():
+            if f.is_file():
+                shutil.copy2(f, model_dir)
+        from transformers import AutoConfig, GenerationConfig
 
-
-def write_weights(state_dict: Mapping[str, torch.Tensor], path: str | Path, dtype: torch.dtype) -> int:
-    """Write ``state_dict`` (HF names) as one safetensors file in ``dtype``; returns the bytes written.
-
-    Tensors that share storage (tied embeddings) are written once, under the first name.
-    """
-    from safetensors.torch import save_file
-
-    from horizonrl.inference.weight_bus import unique_tensors
-
-    out = unique_tensors(state_dict, dtype)
-    save_file(out, str(path))
-    return sum(t.numel() * t.element_size() for t in out.values())
-
-
-#: ``inference.params.weight_sync`` values (VLLMEngine).
-WEIGHT_SYNC_ROUTES = ("file", "collective")
-
-
-def _scratch_dir(nbytes: int) -> Path:
-    """Where weight files go: ``/dev/shm`` (RAM) when it has twice the room, else the temp dir."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * nbytes:
-        return shm
-    return Path(tempfile.gettempdir())
-
-
-_SHM = Path("/dev/shm")
-_SHUTDOWN_TIMEOUT_S = 30.0
-
-
-def _shm_segments() -> set[str]:
-    """Names of vLLM's shared-memory message queues (``psm_*``) in ``/dev/shm``."""
-    try:
-        return {n for n in os.listdir(_SHM) if n.startswith("psm_")}
-    except OSError:
-        return set()
-
-
-def _descendants(pid: int) -> set[int]:
-    """Pids of every live descendant of ``pid`` (from ``/proc/*/stat``)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {c for c, p in parent.items() if p in frontier} - out
-        out |= frontier
-    return out
-
-
-def _engine_processes(pids: set[int]) -> set[int]:
-    """``pids`` less multiprocessing's resource tracker (it exits, unlinking what it tracks, once
-    the processes it serves are gone)."""
-    out = set()
-    for pid in pids:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         try:
-            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.add(pid)
+            gen_config = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
         except OSError:
-            continue
+            gen_config = None
+        model_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+        return config, model_dtype, gen_config
+    if lora_utils.is_lora(model):  # the frozen base as a plain model; the adapters come later
+        lora_utils.save_base(model, model_dir)
+    else:
+        model.save_pretrained(model_dir, safe_serialization=True)
+    return model.config, model.dtype, getattr(model, "generation_config", None)
+
+
+def _memory_kwargs(
+    cpu: bool, kv_cache_memory_bytes: int | None, gpu_memory_utilization: float | None
+) -> dict:
+    """``vllm.LLM``'s memory keywords: on CPU the KV cache size (default 1 GiB); on GPU the fraction of
+    memory vLLM may use (default 0.4) and the KV cache size when given."""
+    if cpu:
+        return {"kv_cache_memory_bytes": int(kv_cache_memory_bytes or _CPU_KV_BYTES)}
+    out = {}
+    if kv_cache_memory_bytes is not None:
+        out["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+    out["gpu_memory_utilization"] = float(gpu_memory_utilization or _GPU_MEMORY_UTILIZATION)
     return out
 
 
-def _start_reaper(pids: set[int], segments: set[str]) -> subprocess.Popen | None:
-    """Start :mod:`vllm_reaper` for the engine processes ``pids`` (None where /proc is missing)."""
-    procs = [f"{pid}:{start}" for pid in sorted(pids) if (start := start_time(pid)) is not None]
-    if not procs:
-        return None
-    script = Path(__file__).with_name("vllm_reaper.py")
-    return subprocess.Popen(
-        [sys.executable, "-I", str(script), ",".join(procs), ",".join(sorted(segments))],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # a Ctrl-C in the terminal must not stop it before it has cleaned up
-        text=True,
-    )
-
-
-def _shutdown(llm, model_dir: str, segments: set[str], reaper: subprocess.Popen | None = None) -> None:
-    """Stop vLLM's engine processes, unlink the queues they left, delete the model directory.
-
-    ``segments`` are the ``/dev/shm`` names that appeared while the engine started; any of
-    them that no live process maps any more is an orphan (a process force-killed before its
-    own cleanup) and is unlinked. The reaper is told to exit. Idempotent.
-    """
-    try:
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown(timeout=_SHUTDOWN_TIMEOUT_S)
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
-        if reaper is not None and reaper.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                reaper.stdin.write("exit\n")
-                reaper.stdin.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                reaper.wait(timeout=5)
-        if segments:
-            for name in segments - mapped_shm():
-                with contextlib.suppress(OSError):
-                    (_SHM / name).unlink()
-            segments.clear()
-
-
-class VLLMEngine(Engine):
+class VLLMEngine(WeightSync, Engine):
     """A ``vllm.LLM`` behind the Engine interface (behaviour: the module docstring).
 
     Args:
@@ -313,27 +244,7 @@ class VLLMEngine(Engine):
         self.tokenizer = tokenizer
         self.cpu = current_platform.is_cpu()
         self._dir = tempfile.mkdtemp(prefix="horizonrl-vllm-")
-        if isinstance(model, str | os.PathLike):
-            src = Path(model)
-            for f in src.iterdir():
-                if f.is_file():
-                    shutil.copy2(f, self._dir)
-            from transformers import AutoConfig, GenerationConfig
-
-            config = AutoConfig.from_pretrained(self._dir, local_files_only=True)
-            try:
-                gen_config = GenerationConfig.from_pretrained(self._dir, local_files_only=True)
-            except OSError:
-                gen_config = None
-            model_dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
-        elif lora_utils.is_lora(model):  # the frozen base as a plain model; the adapters come later
-            lora_utils.save_base(model, self._dir)
-            config, model_dtype = model.config, model.dtype
-            gen_config = getattr(model, "generation_config", None)
-        else:
-            model.save_pretrained(self._dir, safe_serialization=True)
-            config, model_dtype = model.config, model.dtype
-            gen_config = getattr(model, "generation_config", None)
+        config, model_dtype, gen_config = _stage_model(model, self._dir)
         if structured_outputs:  # vLLM's guidance backend builds its token masks from this tokenizer
             tokenizer.save_pretrained(self._dir)
         self.dtype = getattr(torch, _dtype_name(dtype or model_dtype or "float32"))
@@ -345,7 +256,7 @@ class VLLMEngine(Engine):
         self.sleep_level = sleep_level
         self._asleep = 0
         self._source = source
-        self._version = _weights_version(source) if source is not None else None
+        self._version = weights_version(source) if source is not None else None
         #: A CPU copy of the weights the engine samples from, kept when there is no ``source``.
         self._weights = None
         if source is None and not isinstance(model, str | os.PathLike):
@@ -356,19 +267,10 @@ class VLLMEngine(Engine):
         #: Bytes the last sync wrote (the adapters only for a LoRA policy).
         self.last_sync_bytes = 0
         self._warned_top_p = False
+        lora_kwargs, lora_dir = lora_engine_kwargs(model, self._dir)
         #: The adapter directory of a LoRA policy (None: full weights); ``_lora_request`` serves it.
-        self._lora_dir: Path | None = None
+        self._lora_dir: Path | None = lora_dir
         self._lora_request = None
-        lora_kwargs = {}
-        if not isinstance(model, str | os.PathLike) and lora_utils.is_lora(model):
-            rank = int(model.peft_config[lora_utils.ADAPTER].r)
-            fits = [r for r in _VLLM_LORA_RANKS if r >= rank]
-            if not fits:
-                raise ValueError(f"model.lora_r={rank}: vLLM serves LoRA ranks up to {_VLLM_LORA_RANKS[-1]}")
-            lora_kwargs = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
-            self._lora_dir = Path(self._dir) / "adapter"  # not read as model weights: vLLM globs the top
-            self._lora_dir.mkdir()
-            model.peft_config[lora_utils.ADAPTER].save_pretrained(str(self._lora_dir))
 
         kwargs = dict(
             model=self._dir,
@@ -385,34 +287,34 @@ class VLLMEngine(Engine):
         if structured_outputs:
             kwargs["skip_tokenizer_init"] = False
             kwargs["structured_outputs_config"] = {"backend": "guidance"}
-        if self.cpu:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes or _CPU_KV_BYTES)
-        else:
-            if kv_cache_memory_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
-            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization or _GPU_MEMORY_UTILIZATION)
+        kwargs.update(_memory_kwargs(self.cpu, kv_cache_memory_bytes, gpu_memory_utilization))
         if sleep_level and not self.cpu:  # CPU: vLLM refuses sleep mode but accepts sleep() as a no-op
             kwargs["enable_sleep_mode"] = True
         kwargs.update(lora_kwargs)
         kwargs.update(llm_kwargs)
+        self._start(kwargs)
+        if self._lora_dir is not None:  # the adapters the engine starts with
+            self._load_adapter(self.state_dict(), count=False)
+
+    def _start(self, kwargs: dict) -> None:
+        """Start ``vllm.LLM(**kwargs)``, recording the processes and ``/dev/shm`` queues it made, the
+        reaper that stops them if this process dies, and the finalizer that stops them on close."""
         t = time.perf_counter()
-        before, kids = _shm_segments(), _descendants(os.getpid())
+        before, kids = shm_segments(), descendants(os.getpid())
         try:
             self._llm = vllm.LLM(**kwargs)
         except Exception:
-            _shutdown(None, self._dir, _shm_segments() - before)
+            shutdown(None, self._dir, shm_segments() - before)
             raise
         self.startup_s = time.perf_counter() - t
         #: vLLM's processes and shared-memory queues (``/dev/shm`` names) of this engine.
-        self.pids = _engine_processes(_descendants(os.getpid()) - kids)
-        self.shm_segments = frozenset(_shm_segments() - before)
+        self.pids = engine_processes(descendants(os.getpid()) - kids)
+        self.shm_segments = frozenset(shm_segments() - before)
         segments = set(self.shm_segments)
         #: Stops the engine's processes if this process dies without closing it (vllm_reaper.py).
-        self._reaper = _start_reaper(self.pids, segments)
+        self._reaper = start_reaper(self.pids, segments)
         #: ``close()``, garbage collection or interpreter exit stop the engine (once).
-        self._finalizer = weakref.finalize(self, _shutdown, self._llm, self._dir, segments, self._reaper)
-        if self._lora_dir is not None:  # the adapters the engine starts with
-            self._load_adapter(self.state_dict(), count=False)
+        self._finalizer = weakref.finalize(self, shutdown, self._llm, self._dir, segments, self._reaper)
 
     # ------------------------------------------------------------------ RNG
 
@@ -579,114 +481,6 @@ class VLLMEngine(Engine):
                 [pl[j][full[j]].logprob for j in range(len(ctxs[i]), len(full))], dtype=np.float32
             )
         return results
-
-    # ------------------------------------------------------------------ weights
-
-    def sync(self, state_dict: Mapping | None = None) -> None:
-        """Load new weights in place and reset the prefix cache.
-
-        ``state_dict`` (HF names) is loaded as given; ``None`` pulls ``source``'s current weights,
-        unless none of its parameters changed since the last sync (then nothing is sent), and is
-        a no-op without a source.
-        """
-        if state_dict is None:
-            if self._source is None:
-                return
-            version = _weights_version(self._source)
-            if version == self._version and self._asleep < 2:
-                return
-            state_dict = self._source.state_dict()
-        else:
-            version = None
-        self._load(state_dict)
-        if self._source is not None:
-            self._version = version if version is not None else _weights_version(self._source)
-        else:
-            self._weights = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
-
-    def _load(self, state_dict: Mapping) -> None:
-        if self._lora_dir is not None:
-            self._load_adapter(state_dict)
-            return
-        t = time.perf_counter()
-        self._write_weights(state_dict)
-        self.llm.reset_prefix_cache()
-        self.syncs += 1
-        self.last_sync_s = time.perf_counter() - t
-
-    def _load_adapter(self, state_dict: Mapping, *, count: bool = True) -> None:
-        """A LoRA policy's weights (``state_dict`` with its adapter names): the adapters written in
-        peft's format and reloaded in place; the base too when a level-2 sleep discarded it."""
-        from vllm.lora.request import LoRARequest
-
-        t = time.perf_counter()
-        llm = self.llm
-        if self._asleep == 2:
-            self._write_weights(lora_utils.plain_state_dict(state_dict))
-        elif self._asleep:
-            llm.wake_up()
-            self._asleep = 0
-        tensors = {
-            k: (v.detach().to(self.dtype) if v.is_floating_point() else v.detach()).contiguous().cpu()
-            for k, v in lora_utils.adapter_tensors(state_dict).items()
-        }
-        if not tensors:
-            raise ValueError("VLLMEngine.sync: the state dict holds no LoRA adapter weights")
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(self._lora_dir / lora_utils.ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        request = LoRARequest(_LORA_NAME, _LORA_ID, str(self._lora_dir), load_inplace=True)
-        llm.llm_engine.add_lora(request)  # reads the files now: the next sync may overwrite them
-        self._lora_request = LoRARequest(_LORA_NAME, _LORA_ID, str(self._lora_dir))
-        llm.reset_prefix_cache()
-        self.syncs += int(count)
-        self.last_sync_bytes = sum(v.numel() * v.element_size() for v in tensors.values())
-        self.last_sync_s = time.perf_counter() - t
-
-    def _write_weights(self, state_dict: Mapping) -> None:
-        """Send full weights (HF names) to vLLM, waking a sleeping engine: through one safetensors file,
-        or over the weight group (``weight_sync: collective``)."""
-        llm = self.llm
-        if self._asleep:
-            llm.wake_up(tags=["weights"])
-        if self.weight_sync == "collective":
-            if self._bus is None:
-                from horizonrl.inference.weight_bus import WeightBus
-
-                self._bus = WeightBus(llm, workers=self._workers())
-            self.last_sync_bytes = self._bus.send(state_dict, self.dtype)
-        else:
-            nbytes = sum(v.numel() * self.dtype.itemsize for v in state_dict.values())
-            fd, path = tempfile.mkstemp(
-                prefix="horizonrl-weights-", suffix=".safetensors", dir=_scratch_dir(nbytes)
-            )
-            os.close(fd)
-            try:
-                self.last_sync_bytes = write_weights(state_dict, path, self.dtype)
-                llm.collective_rpc("horizonrl_reload_weights", args=(path,))
-            finally:
-                os.remove(path)
-        if self._asleep:
-            llm.wake_up(tags=["kv_cache"])
-            self._asleep = 0
-
-    def _workers(self) -> int:
-        """vLLM's worker processes (tensor x pipeline parallel size)."""
-        par = self.llm.llm_engine.vllm_config.parallel_config
-        return int(par.tensor_parallel_size) * int(par.pipeline_parallel_size)
-
-    def state_dict(self) -> Mapping[str, torch.Tensor]:
-        """The weights the engine samples from (the source's at the last sync, or the kept copy)."""
-        if self._weights is not None:
-            return self._weights
-        if self._source is not None:
-            return self._source.state_dict()
-        raise RuntimeError("VLLMEngine.state_dict: built from a directory and never synced")
-
-    def param_sum(self) -> float:
-        """Sum of the engine's parameters as vLLM holds them (float64; a check that a sync arrived)."""
-        self._wake()
-        return float(self.llm.collective_rpc("horizonrl_param_sum")[0])
 
     # ------------------------------------------------------------------ memory
 

@@ -49,6 +49,7 @@ from horizonrl.models.probe import (
 )
 from horizonrl.models.tokenizer import tools_system_text
 from horizonrl.tool_formats import ToolFormat, get_tool_format
+from horizonrl.vocab import ThinkingHistory
 
 Message = Mapping[str, Any]
 
@@ -83,11 +84,11 @@ class ChatRenderer:
         *,
         family: str | Family = "auto",
         template_kwargs: Mapping[str, Any] | None = None,
-        thinking_history: str = "keep",
+        thinking_history: str = ThinkingHistory.KEEP,
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("ChatRenderer needs a tokenizer with a chat_template")
-        if thinking_history not in ("keep", "drop"):
+        if thinking_history not in tuple(ThinkingHistory):
             raise ValueError(f"thinking_history={thinking_history!r}: must be 'keep' or 'drop'")
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
@@ -359,7 +360,11 @@ class ChatRenderer:
     @property
     def drops_history(self) -> bool:
         """Whether later prompts drop earlier thinking (``thinking_history: drop`` on such a family)."""
-        return self.thinking_history == "drop" and self.family.drops_thinking and self.think_ids is not None
+        return (
+            self.thinking_history == ThinkingHistory.DROP
+            and self.family.drops_thinking
+            and self.think_ids is not None
+        )
 
     def apply_history(
         self, ids: Sequence[int], regions: Sequence[tuple[int, int]], *, user_turn: bool

@@ -47,7 +47,7 @@ def collect_groups(
     spec = spec or AgentSpec(renderer=renderer, params=params, limits=limits, make_env=make_env)
     # rollout.check_tokens unset: the first episodes of a fresh run's first step ("s0-") are checked,
     # chosen by index so that the same episodes are checked whatever the timing, and never on --resume
-    first = tag == "s0-" and getattr(spec.renderer, "checks_by_default", False)
+    first = tag == "s0-" and spec.renderer.checks_by_default
     checked = replace(spec, renderer=spec.renderer.checking()) if first else None
     envs, programs, groups = [], [], []
     try:
@@ -60,7 +60,7 @@ def collect_groups(
                 use = checked if checked is not None and len(programs) < CHECK_FIRST_EPISODES else spec
                 program = make_program(agent, env, task, use, uid=f"{gid}-{k}", group_id=gid)
                 programs.append(program if progress is None else watched(program, progress, i))
-        rollouts = drive(engine, programs)
+        rollouts = drive(engine, programs, spec.driver)
     finally:
         for env in envs:
             env.close()

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from horizonrl.agents.driver import DriverOptions
 from horizonrl.agents.scheduler import supports_async
 from horizonrl.envs import get_env
 from horizonrl.envs.remote import EnvPool, runs_remotely
@@ -21,6 +22,7 @@ from horizonrl.inference import make_engine
 from horizonrl.inference.base import EngineWrapper, Generation, MappedStream
 from horizonrl.inference.seeding import SeededEngine
 from horizonrl.tool_formats import ToolFormat
+from horizonrl.vocab import DriverMode
 
 
 def remote_envs(cfg) -> bool:
@@ -49,8 +51,7 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
         from horizonrl.inference.ray_engine import make_ray_engine
 
         engine = make_ray_engine(cfg.inference.engine, model, tokenizer, settings=d, **kw)
-        engine.program_threads = d.num_env_workers if remote_envs(cfg) else 1
-        return _with_driver(engine, cfg)
+        return check_driver(engine, cfg)
     if world_size > 1:
         from horizonrl.train.update.distributed import ShardedEngine, full_model_copy
 
@@ -58,29 +59,33 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
         if world.strategy == "fsdp":  # sharded weights: the engine samples from a full copy
             follow, model, kw["shared"] = (model if shared else None), full_model_copy(model, world), True
         inner = make_engine(cfg.inference.engine, model, tokenizer, device=device, **kw)
-        return _with_driver(ShardedEngine(inner, world, seed=cfg.train.seed, follow=follow), cfg)
+        return check_driver(ShardedEngine(inner, world, seed=cfg.train.seed, follow=follow), cfg)
     engine = make_engine(cfg.inference.engine, model, tokenizer, device=device, **kw)
     if d.request_seeding(world_size):
         engine = SeededEngine(engine, cfg.train.seed)
-    return _with_driver(engine, cfg)
+    return check_driver(engine, cfg)
 
 
-def _with_driver(engine, cfg):
-    """``engine`` told which driver runs its programs (``rollout.driver``; read by ``agents.drive``) and in
-    how many threads they resume (``rollout.env_threads`` under 'async', ``rollout.sync_env_threads``
-    under 'sync')."""
-    r = cfg.rollout
-    if r.driver == "async":
-        if not supports_async(engine):
-            raise ConfigError(
-                f"rollout.driver='async' needs an engine that samples from request seeds; "
-                f"{type(engine).__name__} does not (torchrun ranks generate in lockstep: use 'sync')"
-            )
-        engine.program_threads = max(int(getattr(engine, "program_threads", 1) or 1), r.env_threads)
-    elif r.sync_env_threads > 1:
-        engine.program_threads = max(int(getattr(engine, "program_threads", 1) or 1), r.sync_env_threads)
-    engine.driver = r.driver
+def check_driver(engine, cfg):
+    """``engine``, after checking that it can serve ``rollout.driver`` (ConfigError when 'async' meets an
+    engine that cannot sample from request seeds)."""
+    if cfg.rollout.driver == DriverMode.ASYNC and not supports_async(engine):
+        raise ConfigError(
+            f"rollout.driver='async' needs an engine that samples from request seeds; "
+            f"{type(engine).__name__} does not (torchrun ranks generate in lockstep: use 'sync')"
+        )
     return engine
+
+
+def driver_options(cfg) -> DriverOptions:
+    """How the run's agent programs are driven (:attr:`AgentSpec.driver
+    <horizonrl.agents.registry.AgentSpec.driver>`): ``rollout.driver``, in ``rollout.env_threads`` threads
+    under 'async' and ``rollout.sync_env_threads`` under 'sync', and in at least ``num_env_workers``
+    threads when the environments live in environment-worker actors (their steps then overlap)."""
+    r, d = cfg.rollout, cfg.distributed
+    base = d.num_env_workers if remote_envs(cfg) else 1
+    threads = r.env_threads if r.driver == DriverMode.ASYNC else r.sync_env_threads
+    return DriverOptions(mode=DriverMode(r.driver), threads=max(base, threads))
 
 
 class FamilyTextEngine(EngineWrapper):

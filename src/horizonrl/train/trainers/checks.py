@@ -25,6 +25,7 @@ from typing import Any
 from horizonrl.config import ConfigError, RunConfig, load_config, resumable_fields, resume_conflicts
 from horizonrl.errors import DataError, HorizonWarning
 from horizonrl.jsonl import check_type
+from horizonrl.vocab import ThinkingHistory
 
 _SCALARS = (bool, int, float, str)
 
@@ -101,8 +102,14 @@ def check_params(
 
 def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     """Every registered name the config uses exists, and its parameters fit (module docstring)."""
-    from horizonrl.agents.context import CONTEXTS, ContextManager, LoopLimits, make_context
-    from horizonrl.agents.registry import AGENTS, FEW_SHOT_AGENTS
+    from horizonrl.agents.context import (
+        CONTEXTS,
+        ContextManager,
+        LoopLimits,
+        context_params_declaration,
+        make_context,
+    )
+    from horizonrl.agents.registry import AGENTS, FEW_SHOT_AGENTS, agent_params_declaration
     from horizonrl.credit.registry import ESTIMATORS
     from horizonrl.inference.registry import ENGINES, TRAINER_SET, engine_parameters
     from horizonrl.registry import UnknownNameError
@@ -120,15 +127,16 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         owner=f"estimator {a.estimator!r}",
         any_name=spec.params is None,
     )
+    AGENTS.get(r.agent, field="rollout.agent")  # an unknown name: the ConfigError naming the field
     check_kwargs(
-        AGENTS.get(r.agent, field="rollout.agent"),
+        agent_params_declaration(r.agent),
         dict(r.agent_params),
         field="rollout.agent_params",
         owner=f"agent {r.agent!r}",
         skip=("env", "task", "spec", "uid", "group_id"),
     )
     check_kwargs(
-        CONTEXTS.get(r.context, field="rollout.context").__init__,
+        context_params_declaration(CONTEXTS.get(r.context, field="rollout.context")),
         dict(r.context_params),
         field="rollout.context_params",
         owner=f"context manager {r.context!r}",
@@ -138,7 +146,10 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         make_context(r.context, LoopLimits(r.max_turns, r.context_budget, r.overflow), dict(r.context_params))
     except ValueError as e:
         raise ConfigError(f"rollout.context_params={dict(r.context_params)!r}: {e}") from None
-    if r.thinking_history == "drop" and CONTEXTS.get(r.context).commit is not ContextManager.commit:
+    if (
+        r.thinking_history == ThinkingHistory.DROP
+        and CONTEXTS.get(r.context).commit is not ContextManager.commit
+    ):
         raise ConfigError(
             f"rollout.thinking_history='drop' works with the append context manager; rollout.context="
             f"{r.context!r} builds its own prompts (use thinking_history='keep' or context='append')"

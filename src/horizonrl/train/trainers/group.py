@@ -41,7 +41,13 @@ from horizonrl.train.records.rollout_log import credit_records, write_rollout_lo
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.rollout.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.rollout.env_setup import env_setup
-from horizonrl.train.rollout.workers import close_quietly, for_family, make_env_pool, make_rollout_engine
+from horizonrl.train.rollout.workers import (
+    close_quietly,
+    driver_options,
+    for_family,
+    make_env_pool,
+    make_rollout_engine,
+)
 from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.trainers.features import FeatureContext, compute_features
 from horizonrl.train.trainers.loop import Trainer
@@ -283,6 +289,7 @@ class GroupTrainer(Trainer):
             agent_params=dict(r.agent_params),
             make_env=self.make_env,
             preamble=self.preamble,
+            driver=driver_options(self.cfg),
         )
 
     def evaluate(self) -> dict[str, float]:

@@ -232,7 +232,7 @@ class ReverseTurnTrainer(GroupTrainer):
         """Drive ``(program, env)`` pairs in one batch; close the envs; charge the budget."""
         spent = self.budget.spent
         try:
-            rollouts = drive(self.rollout_engine, [p for p, _ in made])
+            rollouts = drive(self.rollout_engine, [p for p, _ in made], self.spec.driver)
         finally:
             for _, env in made:
                 env.close()
