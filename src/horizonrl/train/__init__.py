@@ -24,7 +24,7 @@ from typing import Any
 _EXPORTS = {
     "Trainer": "horizonrl.train.trainers.loop",
     "GroupTrainer": "horizonrl.train.trainers.group",
-    "ReverseTurnTrainer": "horizonrl.train.trainers.reverse_turn",
+    "ReverseTurnTrainer": "horizonrl.train.methods.reverse_turn",
     "GatewayTrainer": "horizonrl.train.trainers.gateway",
     "RTPOTrainer": "horizonrl.train.methods.rtpo",
     "SeeUPOTrainer": "horizonrl.train.methods.seeupo",
