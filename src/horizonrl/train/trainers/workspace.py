@@ -361,6 +361,8 @@ def build_workspace(cfg: RunConfig, *, resume: bool, shared_engine: bool, loss_a
     ref_model = frozen_reference(model) if cfg.algo.kl_coef > 0 else None
     if cfg.train.gradient_checkpointing:  # the policy only; the frozen reference never runs a backward
         enable_gradient_checkpointing(model)
+    # before the optimizer: FSDP2 shards the model's parameters in place
+    train_model = world.wrap(model) if world is not None else model
     o = cfg.optim
     optimizer = torch.optim.AdamW(
         trainable_parameters(model), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
@@ -385,7 +387,7 @@ def build_workspace(cfg: RunConfig, *, resume: bool, shared_engine: bool, loss_a
         engine=engine,
         rollout_engine=BudgetedEngine(engine, budget),
         ref_model=ref_model,
-        train_model=world.wrap(model) if world is not None else model,
+        train_model=train_model,
         optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(o.warmup_steps, cfg.train.steps, o.schedule)
@@ -452,6 +454,21 @@ class WorkspaceTrainer(Trainer):
     task_sampler = _delegate("task_sampler")
     update_settings = _delegate("update_settings")
     logger = _delegate("logger")  # type: ignore[assignment]
+
+    @property
+    def loss_agg_mode(self) -> str:
+        """How the update reduces per-token losses (``update_settings.loss_agg_mode``)."""
+        return self.ws.update_settings.loss_agg_mode
+
+    @property
+    def env_cls(self) -> type:
+        """The configured environment class (``env_setup.cls``)."""
+        return self.ws.env_setup.cls
+
+    @property
+    def env_knobs(self) -> dict[str, Any]:
+        """The configured environment's knobs (``env_setup.knobs``)."""
+        return self.ws.env_setup.knobs
 
     def setup(self, cfg: RunConfig, *, resume: bool, loss_agg_mode: str) -> None:
         """Build the workspace (:func:`build_workspace`) and start the run's counters."""
