@@ -21,6 +21,7 @@ overrun either does not start, and one the token budget cut short is discarded.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,11 @@ from horizonrl.train.trainers.registry import trainer_params
 from horizonrl.train.trainers.workspace import WorkspaceTrainer
 from horizonrl.train.update.ppo import consistency_metrics, ppo_update, score_rows
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
+
+#: This module was ``horizonrl.train.trainers.reverse_turn`` before issue 43: reverse-turn checkpoints written
+#: then pickle :class:`Sweep` under that name, so the old name resolves here and ``--resume`` still reads
+#: them (an alias in ``sys.modules``, not a module file: ``trainers/`` names no method).
+sys.modules.setdefault("horizonrl.train.trainers.reverse_turn", sys.modules[__name__])
 
 
 @dataclass
