@@ -52,6 +52,7 @@ from horizonrl.train.rollout.workers import close_quietly
 
 if TYPE_CHECKING:
     from horizonrl.agents.registry import AgentSpec
+    from horizonrl.inference import Engine
     from horizonrl.train.rollout.tasks import TaskSampler
 
 
@@ -91,7 +92,7 @@ class AsyncRollouts:
         *,
         max_staleness: int,
         steps: int,
-        engine_factory: Callable[[], Any],
+        engine_factory: Callable[[], Engine],
         spec: AgentSpec,
         agent: str,
         group_size: int,
