@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from horizonrl.envs.base import Env, Task
+    from horizonrl.envs.remote import EnvPool
     from horizonrl.inference import Engine
     from horizonrl.models.chat import ChatRenderer
     from horizonrl.train.rollout.env_setup import EnvSetup
@@ -117,7 +118,7 @@ class RunWorkspace:
     """Messages to token ids and back (``model.family``, ``rollout.thinking_history``)."""
     budget: TokenBudget
     """Generated tokens and rollouts so far against ``train.max_gen_tokens``."""
-    env_pool: Any
+    env_pool: EnvPool | None
     """Environment workers (``distributed.env_actors``), or ``None``: environments in this process."""
     engine: Engine
     """The rollout engine over the policy (``inference.engine``); evaluation samples from it uncharged."""
@@ -144,7 +145,7 @@ class RunWorkspace:
     """The registered agent program (``rollout.agent``)."""
     update_settings: UpdateSettings
     """The PPO update's settings (:meth:`UpdateSettings.from_config`)."""
-    logger: Any = None
+    logger: MetricsLogger | NullLogger | None = None
     """The metrics logger (:class:`MetricsLogger` on the main rank, a no-op on the others)."""
 
     @cached_property
