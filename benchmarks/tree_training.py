@@ -65,8 +65,8 @@ COMMON = [
 
 def capture(config: str, overrides: list[str], steps: int, work: Path):
     """Train ``steps`` steps with trees off; return (model, settings, [rows of each ppo_update call])."""
+    import horizonrl.train.methods.reverse_turn as reverse_turn
     import horizonrl.train.trainers.group as group
-    import horizonrl.train.trainers.reverse_turn as reverse_turn
     from horizonrl.config import load_config
     from horizonrl.train.trainers.registry import make_trainer
 

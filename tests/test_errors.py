@@ -130,7 +130,7 @@ def test_the_former_rtpo_defaults_are_the_reverse_turn_trainers():
     import dataclasses
 
     from horizonrl.config.run import MOVED_SECTIONS
-    from horizonrl.train.trainers.reverse_turn import ReverseTurnParams
+    from horizonrl.train.methods.reverse_turn import ReverseTurnParams
 
     declared = {f.name: f.default for f in dataclasses.fields(ReverseTurnParams)}
     assert MOVED_SECTIONS["rtpo"] == ("train.trainer_params", declared)

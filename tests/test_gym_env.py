@@ -121,7 +121,7 @@ def test_snapshot_restore_is_exact_and_unforkable_games_say_so():
 
 
 def test_rtpo_refuses_a_game_without_snapshots(tiny_model_dir, tmp_path):
-    from horizonrl.train.trainers.reverse_turn import ReverseTurnTrainer
+    from horizonrl.train.methods.reverse_turn import ReverseTurnTrainer
 
     cfg = load_config(
         None,

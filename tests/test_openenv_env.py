@@ -114,7 +114,7 @@ def test_grpo_and_a_step_credit_method_train_token_exact(tiny_model_dir, tmp_pat
 
 
 def test_rtpo_refuses_openenv_it_has_no_snapshots(tiny_model_dir, tmp_path):
-    from horizonrl.train.trainers.reverse_turn import ReverseTurnTrainer
+    from horizonrl.train.methods.reverse_turn import ReverseTurnTrainer
 
     cfg = load_config(
         None,

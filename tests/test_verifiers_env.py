@@ -166,7 +166,7 @@ def test_an_environment_that_raises_or_hangs_mid_episode_ends_that_episode_only(
 
 
 def test_rtpo_refuses_it(tiny_model_dir, tmp_path):
-    from horizonrl.train.trainers.reverse_turn import ReverseTurnTrainer
+    from horizonrl.train.methods.reverse_turn import ReverseTurnTrainer
 
     cfg = load_config(
         None,

@@ -4,8 +4,8 @@ Subpackages, in the order imports may point (each imports only those after it)::
 
     recipes      sft / eval / quickstart recipes behind the CLI (top floor)
     methods/     one module per method for all it needs beyond its NumPy math, and the plug-in list
-    trainers/    the one fit loop, the trainer registry, start-of-run checks, the feature seam,
-                 the generic trainers (group, reverse-turn, gateway)
+    trainers/    the one fit loop, the run's workspace, the trainer registry, start-of-run checks,
+                 the feature and training-context seams, the generic trainers (group, gateway)
     rollout/     collection, token budget, bounded staleness, workers, environment setup
     warmstart/   tiny-model bootstrap, copy pretraining, SFT on demonstrations
     update/      rows to tensors and log-probs, PPO epochs, torchrun (DDP / FSDP2)
@@ -24,7 +24,7 @@ from typing import Any
 _EXPORTS = {
     "Trainer": "horizonrl.train.trainers.loop",
     "GroupTrainer": "horizonrl.train.trainers.group",
-    "ReverseTurnTrainer": "horizonrl.train.trainers.reverse_turn",
+    "ReverseTurnTrainer": "horizonrl.train.methods.reverse_turn",
     "GatewayTrainer": "horizonrl.train.trainers.gateway",
     "RTPOTrainer": "horizonrl.train.methods.rtpo",
     "SeeUPOTrainer": "horizonrl.train.methods.seeupo",

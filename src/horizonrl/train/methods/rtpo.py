@@ -1,7 +1,7 @@
 """Reverse-turn training: RTPO (paper Algorithm 1, App. E.1; spec/rtpo.md) and its shared base.
 
 Parameters are ``train.trainer_params``
-(:class:`~horizonrl.train.trainers.reverse_turn.ReverseTurnParams`). One *iteration*
+(:class:`~horizonrl.train.methods.reverse_turn.ReverseTurnParams`). One *iteration*
 (``train.steps`` counts them) samples ``rollout.tasks_per_step``
 tasks and runs
 
@@ -33,8 +33,12 @@ clamped trajectory weight over all downstream tokens (Eqs. 105/110, log space,
 concatenated full history ``S_k`` instead of ``c_k`` (what flattened GRPO does),
 which shows the rollout/train mismatch RTPO removes in ``train/ratio_geomean``.
 
+The same flattening is the group trainer's ``algo.train_context: flat`` (flattened
+GRPO, the paper's baseline), registered here as a training-context view
+(:mod:`horizonrl.train.trainers.train_context`).
+
 Budget, logging and checkpoints are the shared reverse-turn machinery's
-(:mod:`horizonrl.train.trainers.reverse_turn`): every generated rollout and token is
+(:mod:`horizonrl.train.methods.reverse_turn`): every generated rollout and token is
 counted, ``max_rollouts`` / ``train.max_gen_tokens`` end the run before a
 phase would exceed them, so a run can be matched to a GRPO run's budget.
 """
@@ -45,19 +49,25 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.agents.psi import Boundary, flat_prompts, resume_episode
+from horizonrl.agents.psi import Boundary, flat_prompts, flat_view, resume_episode
 from horizonrl.agents.react import episode_program
 from horizonrl.config import ConfigError
 from horizonrl.credit.rtpo import off_policy_q_values, sibling_advantage
-from horizonrl.train.trainers.registry import register_trainer, trainer_params
-from horizonrl.train.trainers.reverse_turn import (
+from horizonrl.train.methods.reverse_turn import (
     ReverseTurnTrainer,
     Sweep,
     agent_turns,
     downstream_turns,
     trunk_metrics,
 )
+from horizonrl.train.trainers.registry import register_trainer, trainer_params
+from horizonrl.train.trainers.train_context import TRAIN_CONTEXTS
 from horizonrl.trajectory import Rollout
+
+# The RTPO paper's flattened-GRPO baseline (Eq. 1-2) for the group trainer: ``algo.train_context: flat``
+# trains each agent turn under its concatenated history ``S_k`` instead of the context ``c_k`` it was
+# sampled from (:func:`horizonrl.agents.psi.flat_view`).
+TRAIN_CONTEXTS.register("flat", flat_view)
 
 
 @register_trainer("rtpo")

@@ -26,14 +26,14 @@ import numpy as np
 
 from horizonrl import credit
 from horizonrl.agents.psi import flat_prompts
-from horizonrl.train.trainers.registry import register_trainer
-from horizonrl.train.trainers.reverse_turn import (
+from horizonrl.train.methods.reverse_turn import (
     ReverseTurnTrainer,
     Sweep,
     agent_turns,
     downstream_turns,
     trunk_metrics,
 )
+from horizonrl.train.trainers.registry import register_trainer
 
 
 @register_trainer("seeupo")

@@ -34,14 +34,14 @@ CREDIT_VERSION = 1
 Encoded = float | list[list[float]] | None
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     """NumPy values to Python ones; non-finite floats to ``None`` (JSON has no NaN)."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in (sorted(x) if isinstance(x, set | frozenset) else x)]
+        return [jsonable(v) for v in (sorted(x) if isinstance(x, set | frozenset) else x)]
     if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, np.generic):
         x = x.item()
     if isinstance(x, float) and not math.isfinite(x):
@@ -91,7 +91,27 @@ def row_index(rows: Sequence[Row], rollouts: Sequence[Rollout]) -> list[list[lis
 
 def _side(side: SideInfo | None, i: int) -> dict[str, Any]:
     entry = (side.rollouts.get(i) if side is not None else None) or {}
-    return {k: _jsonable(v) for k, v in entry.items() if v}
+    return {k: jsonable(v) for k, v in entry.items() if v}
+
+
+def credit_annotation(
+    estimator: str,
+    advantages: list[list[Encoded]],
+    rows: list[list[int | None]],
+    side: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One rollout's ``credit`` annotation (module docstring): ``estimator`` names what computed the
+    advantages (``algo.estimator``, or the trainer for a method that computes its own); ``side`` is
+    the method's side information per rollout, written under ``"rollout"`` when given."""
+    out: dict[str, Any] = {
+        "v": CREDIT_VERSION,
+        "estimator": estimator,
+        "advantages": advantages,
+        "rows": rows,
+    }
+    if side is not None:
+        out["rollout"] = side
+    return out
 
 
 def credit_records(
@@ -106,61 +126,13 @@ def credit_records(
     index = row_index(rows, rollouts)
     return [
         {
-            "v": CREDIT_VERSION,
-            "estimator": estimator,
-            "advantages": [[encode_advantages(t) for t in seg] for seg in advantages[i]],
-            "rows": index[i],
+            **credit_annotation(
+                estimator, [[encode_advantages(t) for t in seg] for seg in advantages[i]], index[i]
+            ),
             **_side(side, i),
         }
         for i in range(len(rollouts))
     ]
-
-
-def reverse_stage_records(batch: dict[str, Any], k: int, *, estimator: str, iteration: int) -> list[dict]:
-    """``credit`` annotations of one reverse-turn stage (RTPO, SeeUPO).
-
-    ``batch["rows"][i]`` trains turn ``k`` of ``batch["rollouts"][i]`` (its local
-    index is ``k - branch.turn`` for a sibling forked at ``k``); no other turn is
-    trained. Side information per rollout: ``trunk`` id and boundary ``k``,
-    ``sibling`` index within its boundary group (RTPO), the value ``Q`` the
-    advantage was computed from, the trajectory weight ``w``, the ``iteration``.
-    """
-    rollouts, rows = batch["rollouts"], batch["rows"]
-    if len(rows) != len(rollouts):
-        raise ValueError(f"stage has {len(rows)} rows for {len(rollouts)} rollouts")
-    weights = list(batch.get("weights") or [1.0] * len(rollouts))
-    q_values = [float(q) for qs in batch.get("reward_sets", []) for q in qs]
-    sibling: dict[int, tuple[int, int]] = {}
-    for g, (_, sibs) in enumerate(batch.get("groups") or []):
-        for j, s in enumerate(sibs):
-            sibling[id(s)] = (g, j)
-    out = []
-    for i, (r, row) in enumerate(zip(rollouts, rows, strict=True)):
-        local = k - (r.branch.turn if r.branch is not None else 0)
-        adv = np.asarray(row.advantages, dtype=np.float64)[np.asarray(row.trainable, dtype=bool)]
-        advantages: list[list[Encoded]] = [[None] * len(s.turns) for s in r.segments]
-        row_ids: list[list[int | None]] = [[None] * len(s.turns) for s in r.segments]
-        turns = r.segments[0].turns if r.segments else []
-        if 0 <= local < len(turns) and len(turns[local].response_ids) == adv.size:
-            advantages[0][local] = encode_advantages(adv)
-            row_ids[0][local] = i
-        info: dict[str, Any] = {"k": k, "iteration": iteration, "w": weights[i] if i < len(weights) else None}
-        if r.branch is not None:
-            info["trunk"] = r.branch.trunk_id
-        if id(r) in sibling:
-            info["group"], info["sibling"] = sibling[id(r)]
-        if len(q_values) == len(rollouts):
-            info["Q"] = q_values[i]
-        out.append(
-            {
-                "v": CREDIT_VERSION,
-                "estimator": estimator,
-                "advantages": advantages,
-                "rows": row_ids,
-                "rollout": _jsonable(info),
-            }
-        )
-    return out
 
 
 def dumps_record(rollout: Rollout, credit: dict[str, Any] | None = None) -> str:
@@ -195,11 +167,12 @@ def token_advantages(rollout: Rollout, credit: dict[str, Any]) -> list[list[np.n
 
 __all__ = [
     "CREDIT_VERSION",
+    "credit_annotation",
     "credit_records",
     "decode_advantages",
     "dumps_record",
     "encode_advantages",
-    "reverse_stage_records",
+    "jsonable",
     "row_index",
     "token_advantages",
     "write_rollout_log",

@@ -30,30 +30,40 @@ yet generated will be sampled by. ``k = 0`` does not construct this class: the t
 exactly as before.
 
 Not combined with torchrun (the thread's collectives would interleave with the
-update's) or with a token budget (``train.max_gen_tokens``), and only for the
-group trainer.
+update's) or with a token budget (``train.max_gen_tokens``), and only for a
+trainer that declares ``collects_async`` (the group trainer). The collector is
+given what it uses explicitly: an engine factory, the agent spec, the task
+sampler (:class:`~horizonrl.train.rollout.tasks.TaskSampler`) and the token
+budget it charges.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from horizonrl.inference.ray_engine import cpu_state_dict
-from horizonrl.models.chat import renderer_for
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.rollout.collect import collect_groups
 from horizonrl.train.rollout.workers import close_quietly
 
+if TYPE_CHECKING:
+    from horizonrl.agents.registry import AgentSpec
+    from horizonrl.inference import Engine
+    from horizonrl.train.rollout.tasks import TaskSampler
 
-def check_async(cfg, world) -> None:
-    """Raise ValueError naming the setting that async rollouts cannot run with."""
+
+def check_async(cfg, world, *, supported: bool, trainers: Sequence[str]) -> None:
+    """Raise ValueError naming the setting that async rollouts cannot run with (``supported``: whether the
+    configured trainer collects in the background; ``trainers``: those that do, for the message)."""
     k = cfg.train.max_staleness
-    if cfg.train.trainer != "group":
-        raise ValueError(f"train.max_staleness={k}: asynchronous rollouts need train.trainer=group")
+    if not supported:
+        raise ValueError(
+            f"train.max_staleness={k}: asynchronous rollouts need train.trainer={'|'.join(trainers)}"
+        )
     if cfg.train.max_gen_tokens:
         raise ValueError(f"train.max_staleness={k}: not with a token budget (train.max_gen_tokens)")
     if world is not None:
@@ -77,12 +87,30 @@ def staleness_metrics(groups, step: int) -> dict[str, float]:
 class AsyncRollouts:
     """The collector thread and its hand-over with the trainer (module docstring)."""
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
-        self.k = trainer.cfg.train.max_staleness
-        self.engine = trainer.make_engine(shared=False)
-        tok = copy.deepcopy(trainer.tokenizer)  # one tokenizer per thread
-        self.spec = dataclasses.replace(trainer.spec, renderer=renderer_for(tok, trainer.cfg))
+    def __init__(
+        self,
+        *,
+        max_staleness: int,
+        steps: int,
+        engine_factory: Callable[[], Engine],
+        spec: AgentSpec,
+        agent: str,
+        group_size: int,
+        tasks: TaskSampler,
+        budget: TokenBudget,
+    ) -> None:
+        """``engine_factory()``: the collector's own engine (called once, here); ``spec``: the agent spec
+        the collector builds its programs from (with a renderer of its own: one tokenizer per thread);
+        ``tasks``: the run's task sampler (only the collector draws); ``budget``: charged with a batch's
+        generated tokens when the trainer takes it."""
+        self.k = max_staleness
+        self.steps = steps
+        self.engine = engine_factory()
+        self.spec = spec
+        self.agent = agent
+        self.group_size = group_size
+        self.tasks = tasks
+        self.budget = budget
         self.cond = threading.Condition()
         self.versions: dict[int, dict] = {}
         self.first_version: int | None = None
@@ -111,10 +139,11 @@ class AsyncRollouts:
                 del self.versions[v]
             self.cond.notify_all()
 
-    def take(self, step: int) -> tuple[list, dict[str, float]]:
-        """The batch of ``step`` (waiting for it if needed) and its staleness metrics."""
+    def take(self, step: int, model) -> tuple[list, dict[str, float]]:
+        """The batch of ``step`` (waiting for it if needed) and its staleness metrics; the first call
+        publishes ``model``'s weights as version ``step`` and starts the collector."""
         if self.thread is None:
-            self.publish(step, self.trainer.model)
+            self.publish(step, model)
             self.next_batch = max(self.next_batch, step)
             self.thread = threading.Thread(target=self._run, name="horizonrl-async-rollouts", daemon=True)
             self.thread.start()
@@ -131,7 +160,7 @@ class AsyncRollouts:
             self._raise()
             groups, version, tokens = self.batches.pop(step)
             self.cond.notify_all()
-        self.trainer.budget.spent += tokens  # charged when trained, so the count does not depend on timing
+        self.budget.spent += tokens  # charged when trained, so the count does not depend on timing
         m = staleness_metrics(groups, step)
         m.update({"async/policy_version": float(version), "async/wait_s": time.perf_counter() - t0})
         return groups, m
@@ -162,7 +191,7 @@ class AsyncRollouts:
             "batches": dict(self.batches),
             "next_batch": self.next_batch,
             "first_version": self.first_version,
-            "task_rng": self.trainer.task_rng.getstate(),
+            "task_rng": self.tasks.state(),
             "engine_rng": self.engine.rng_state(),
         }
 
@@ -171,7 +200,7 @@ class AsyncRollouts:
         self.batches = dict(st["batches"])
         self.next_batch = st["next_batch"]
         self.first_version = st["first_version"]
-        self.trainer.task_rng.setstate(st["task_rng"])
+        self.tasks.load(st["task_rng"])
         self.engine.set_rng_state(st["engine_rng"])
 
     def close(self) -> None:
@@ -190,7 +219,7 @@ class AsyncRollouts:
 
     def _can_generate(self) -> bool:
         b = self.next_batch
-        return b < self.trainer.cfg.train.steps and self.version_of(b) in self.versions
+        return b < self.steps and self.version_of(b) in self.versions
 
     def _run(self) -> None:
         try:
@@ -225,20 +254,19 @@ class AsyncRollouts:
                 self.cond.notify_all()
 
     def _collect(self, b: int) -> tuple[list, int]:
-        tr = self.trainer
-        r = tr.cfg.rollout
-        tasks = tr.task_rng.sample(tr.train_tasks, min(r.tasks_per_step, len(tr.train_tasks)))
+        tasks = self.tasks.sample()
         counter = TokenBudget()
+        spec = self.spec
         groups = collect_groups(
             BudgetedEngine(self.engine, counter),
-            self.spec.renderer,
-            tr.make_env,
+            spec.renderer,
+            spec.make_env,
             tasks,
-            r.group_size,
-            tr.params,
-            tr.limits,
+            self.group_size,
+            spec.params,
+            spec.limits,
             tag=f"s{b}-",
-            agent=tr.agent,
-            spec=self.spec,
+            agent=self.agent,
+            spec=spec,
         )
         return groups, counter.spent

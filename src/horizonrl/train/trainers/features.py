@@ -24,29 +24,38 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from horizonrl.registry import Registry
 from horizonrl.trajectory import Group
+
+if TYPE_CHECKING:  # names for the annotations only: this module imports no torch
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from horizonrl.config import RunConfig
+    from horizonrl.envs.base import Task
+    from horizonrl.inference import Engine
+    from horizonrl.models.chat import ChatRenderer
 
 
 @dataclass
 class FeatureContext:
     """What a feature provider may use; built by the trainer for each step."""
 
-    cfg: Any
+    cfg: RunConfig
     """The run's :class:`~horizonrl.config.RunConfig`."""
-    engine: Any
+    engine: Engine
     """The rollout engine (``generate``/``score``), not charged to the token budget."""
-    renderer: Any
+    renderer: ChatRenderer
     """The :class:`~horizonrl.models.ChatRenderer` the rollouts were rendered with."""
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     """The policy's tokenizer."""
-    model: Any
+    model: torch.nn.Module
     """The policy being trained (its current weights; do not update it)."""
-    ref_model: Any | None
+    ref_model: torch.nn.Module | None
     """The frozen KL reference (``algo.kl_coef > 0``), else ``None``."""
-    tasks_by_id: Mapping[str, Any]
+    tasks_by_id: Mapping[str, Task]
     """Every train and test task by id (gold answers)."""
     step: int = 0
     """Updates done so far in this run (0 before the first)."""

@@ -61,7 +61,13 @@ def resolve_reward(spec: str) -> Callable[[str, Sequence[str]], float]:
 
 @register_trainer("gateway")
 class GatewayTrainer(GroupTrainer):
-    """Group trainer over episodes of an external harness, recorded by the gateway (module docstring)."""
+    """Group trainer over episodes of an external harness, recorded by the gateway (module docstring).
+
+    It is the group trainer with another :meth:`collect` (and evaluation): the workspace, credit
+    estimator, rows, update and checkpoints are the group step's."""
+
+    #: The harness runs in the trainer's thread: no background collection (``train.max_staleness``).
+    collects_async = False
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
         g = cfg.gateway

@@ -3,11 +3,13 @@
 One step (DESIGN.md, ``train/``): sample ``tasks_per_step`` tasks, collect ``G``
 rollouts each with the batched agent loop, ask the configured credit estimator
 for per-token advantages, build rows, run the PPO update, log, checkpoint. The
-run loop itself (evaluation, logging, checkpoints) is :class:`~horizonrl.train.trainers.loop.Trainer`'s.
+run loop itself (evaluation, logging, checkpoints) is :class:`~horizonrl.train.trainers.loop.Trainer`'s,
+and everything the run is built from (policy, engines, optimizer, RNGs, logger) is the workspace's
+(:mod:`horizonrl.train.trainers.workspace`), which the trainer holds as ``self.ws``.
 
-With ``algo.train_context: flat`` each agent turn is trained under its flat
-history ``S_k`` instead of the context it was sampled from (flattened GRPO, the
-RTPO paper's baseline; :func:`horizonrl.agents.psi.flat_view`). With
+Each turn is trained under the view ``algo.train_context`` names
+(:mod:`horizonrl.train.trainers.train_context`): the context it was sampled from,
+or one a method registers (e.g. a flattened history). With
 ``train.max_gen_tokens`` the run ends before a step predicted to overrun the
 budget, and a step the budget cut short is discarded untrained
 (:mod:`horizonrl.train.rollout.budget`).
@@ -15,48 +17,24 @@ budget, and a step the budget cut short is discarded untrained
 
 from __future__ import annotations
 
-import json
-import math
-import random
+import copy
+import dataclasses
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from horizonrl import credit
-from horizonrl.agents import LoopLimits
-from horizonrl.agents.psi import flat_view
-from horizonrl.agents.registry import AgentSpec
-from horizonrl.config import RunConfig, save_config
-from horizonrl.errors import HorizonWarning
-from horizonrl.inference import SamplingParams
+from horizonrl.config import RunConfig
 from horizonrl.models.chat import renderer_for
-from horizonrl.models.lora import frozen_reference, trainable_parameters
-from horizonrl.train.records import checkpoint as ckpt
-from horizonrl.train.records.metrics import MetricsLogger
 from horizonrl.train.records.rollout_log import credit_records, write_rollout_log
-from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
-from horizonrl.train.rollout.collect import collect_groups, evaluate, rollout_metrics
-from horizonrl.train.rollout.env_setup import env_setup
-from horizonrl.train.rollout.workers import (
-    close_quietly,
-    driver_options,
-    for_family,
-    make_env_pool,
-    make_rollout_engine,
-)
-from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
+from horizonrl.train.rollout.collect import collect_groups, rollout_metrics
+from horizonrl.train.trainers.checks import check_run
 from horizonrl.train.trainers.features import FeatureContext, compute_features
-from horizonrl.train.trainers.loop import Trainer
 from horizonrl.train.trainers.registry import register_trainer
-from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
-from horizonrl.train.update.lean import enable_gradient_checkpointing, resolve_micro_batch_tokens
-from horizonrl.train.update.ppo import UpdateSettings, ppo_update
-from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
-from horizonrl.train.warmstart.few_shot import few_shot_messages
+from horizonrl.train.trainers.train_context import train_context_view
+from horizonrl.train.trainers.workspace import WorkspaceTrainer
+from horizonrl.train.update.ppo import ppo_update
 from horizonrl.trajectory import Group, build_rows
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
@@ -64,275 +42,59 @@ from horizonrl.trajectory import Group, build_rows
 NONDETERMINISTIC_KEYS = ("time/", "throughput/")
 
 
-def _lr_lambda(warmup: int, total: int, schedule: str):
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant" or total <= warmup:
-            return 1.0
-        frac = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
-
-    return f
-
-
 @register_trainer("group")
-class GroupTrainer(Trainer):
-    """Owns the policy, engine, optimizer and run directory of one training run."""
+class GroupTrainer(WorkspaceTrainer):
+    """GRPO and every estimator over groups of rollouts, on the run's workspace (``self.ws``)."""
+
+    collects_async = True
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
-        check_run(cfg)
-        self.cfg = cfg
-        self.run_dir = ensure_dir(cfg.train.out_dir, "train.out_dir")
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        if resume:
-            if not ckpt.list_checkpoints(self.ckpt_dir):
-                raise FileNotFoundError(f"--resume: no checkpoint under {self.ckpt_dir}")
-            check_resume_config(cfg, self.run_dir / "config.yaml")
-        ckpt.clean_stale(self.ckpt_dir)
-        torch.manual_seed(cfg.train.seed)
-        self.device = resolve_device(cfg.model.device)
-        #: The torchrun group (None in one process): see train/update/distributed.py.
-        self.world = init_world(cfg.distributed, self.device)
-        self.is_main = self.world is None or self.world.is_main
-        if self.world is not None:
-            self.device = self.world.device
-
+        check_run(cfg)  # before the estimator lookup: a bad config is named by the checks
+        #: The configured credit estimator (``algo.estimator``).
         self.estimator = credit.get_estimator(cfg.algo.estimator)
-        self.loss_agg_mode = cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode
-        self.env_setup = env_setup(cfg.env, run_dir=self.run_dir)
-        self.env_cls, self.env_knobs = self.env_setup.cls, self.env_setup.knobs
-        self.train_tasks = self.env_setup.tasks(cfg.env.train_tasks, seed=cfg.env.seed, split="train")
-        self.test_tasks = self.env_setup.tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test")
-        self.tasks_by_id = {t.id: t for t in [*self.train_tasks, *self.test_tasks]}
-        #: ``rollout.few_shot`` expert episodes shown before every task (train and evaluation alike).
-        self.preamble = few_shot_messages(
-            self.env_setup, cfg.rollout.few_shot, seed=cfg.env.seed, max_turns=cfg.rollout.max_turns
-        )
-
-        self.model, self.tokenizer = load_policy(cfg.model, init=cfg.train.init, work_dir=self.run_dir)
-        self.model.to(self.device)
-        self.renderer = renderer_for(self.tokenizer, cfg)
-        self.budget = TokenBudget(limit=cfg.train.max_gen_tokens)
-        self.evals_done: list[float] = []
-        self.env_pool = make_env_pool(cfg, self.env_setup)  # None: environments in this process
-        self.engine = self.make_engine(shared=self.shares_engine())
-        #: What rollouts are generated with: the engine behind the token budget (evaluation is not charged).
-        self.rollout_engine = BudgetedEngine(self.engine, self.budget)
-        self.ref_model = None
-        if cfg.algo.kl_coef > 0:
-            # LoRA: the policy with its adapters off (no copy of the weights); else a frozen copy.
-            self.ref_model = frozen_reference(self.model)
-        if cfg.train.gradient_checkpointing:  # the policy only; the frozen reference never runs a backward
-            enable_gradient_checkpointing(self.model)
-        #: What the update runs through: the model, DDP around it, or the model sharded in place (FSDP2).
-        self.train_model = self.world.wrap(self.model) if self.world is not None else self.model
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            trainable_parameters(self.model), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(o.warmup_steps, cfg.train.steps, o.schedule)
-        )
-        self.task_rng = random.Random(cfg.train.seed)
-        self.shuffle_gen = torch.Generator().manual_seed(cfg.train.seed)
-        self.step = 0
-        self.params = SamplingParams(
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-        )
-        self.limits = LoopLimits(
-            max_turns=cfg.rollout.max_turns,
-            context_budget=cfg.rollout.context_budget,
-            overflow=cfg.rollout.overflow,
-        )
-        self.agent = cfg.rollout.agent
-        self.spec = self.agent_spec(self.params)
+        self.setup(cfg, resume=resume, loss_agg_mode=cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode)
         #: Each feature provider's own state across steps (FeatureContext.state), by provider name.
         self.feature_state: dict[str, dict[str, Any]] = {}
-        self.update_settings = UpdateSettings.from_config(
-            cfg,
-            loss_agg_mode=self.loss_agg_mode,
-            micro_batch_tokens=resolve_micro_batch_tokens(  # a LoRA reference shares the policy's weights
-                cfg, self.model, self.device, frozen_copies=int(isinstance(self.ref_model, torch.nn.Module))
-            ),
-        )
         #: Background collection of future batches (train.max_staleness > 0), else None.
         self.async_rollouts = None
         if cfg.train.max_staleness > 0:
-            from horizonrl.train.rollout.staleness import AsyncRollouts, check_async
+            from horizonrl.train.rollout.staleness import AsyncRollouts
 
-            check_async(cfg, self.world)
-            self.async_rollouts = AsyncRollouts(self)
-        resume_step = None
-        if resume:
-            self._restore(ckpt.load_latest(self.ckpt_dir))
-            self.engine.sync()  # an engine with its own weights (vllm) loads the restored ones
-            resume_step = self.step
-        if self.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
-            self.logger = MetricsLogger.from_config(self.run_dir, cfg, resume_step=resume_step)
-        else:
-            self.logger = NullLogger()
+            ws = self.ws
+            tok = copy.deepcopy(ws.tokenizer)  # one tokenizer per thread
+            self.async_rollouts = AsyncRollouts(
+                max_staleness=cfg.train.max_staleness,
+                steps=cfg.train.steps,
+                engine_factory=lambda: ws.make_engine(shared=False),
+                spec=dataclasses.replace(ws.spec, renderer=renderer_for(tok, cfg)),
+                agent=ws.agent,
+                group_size=cfg.rollout.group_size,
+                tasks=ws.task_sampler,
+                budget=ws.budget,
+            )
+        self.resume_and_log(resume)
 
     # ------------------------------------------------------------------ state
 
     def _state(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "task_rng": self.task_rng.getstate(),
-            "shuffle_gen": self.shuffle_gen.get_state(),
-            "engine_rng": self.engine.rng_state(),
-            "global_rng": ckpt.rng_state(),
-            "budget": self.budget.state(),
-            "evals_done": list(self.evals_done),
-            "threads": torch.get_num_threads(),
-            "signal": self.signal_watch().state(),
-            **({"async": self.async_rollouts.state()} if self.async_rollouts is not None else {}),
-        }
+        st = super()._state()
+        if self.async_rollouts is not None:
+            st["async"] = self.async_rollouts.state()
+        return st
 
-    def save(self) -> Path:
-        if self.world is not None:
-            from horizonrl.train.update import distributed
-
-            state = self._state()
-            state["optimizer"] = DCP_MARK  # sharded: in the DCP files with the model
-            return distributed.save_checkpoint(
-                self.world,
-                self.ckpt_dir,
-                self.step,
-                model=self.model,
-                optimizer=self.optimizer,
-                tokenizer=self.tokenizer,
-                state=state,
-                keep=self.cfg.train.keep_checkpoints,
-            )
-        return ckpt.save_checkpoint(
-            self.ckpt_dir,
-            self.step,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            state=self._state(),
-            keep=self.cfg.train.keep_checkpoints,
-        )
-
-    def _restore(self, ck: ckpt.Checkpoint) -> None:
-        """Restore a checkpoint read whole by :func:`~horizonrl.train.records.checkpoint.load_latest`."""
-        st = ck.state
-        if self.world is not None or st["optimizer"] == DCP_MARK:  # torch distributed checkpointing
-            from horizonrl.train.update.distributed import load_checkpoint
-
-            load_checkpoint(ck.path, self.model, self.optimizer)
-        else:
-            ckpt.load_weights_into(self.model, ck.weights)
-            self.optimizer.load_state_dict(st["optimizer"])
-        self.scheduler.load_state_dict(st["scheduler"])
-        self.task_rng.setstate(st["task_rng"])
-        self.shuffle_gen.set_state(st["shuffle_gen"])
-        self.engine.set_rng_state(st["engine_rng"])
-        ckpt.set_rng_state(st["global_rng"])
-        self.step = int(st["step"])
-        self.budget.load(st.get("budget", {}))
-        self.evals_done = list(st.get("evals_done", []))
-        self.signal_watch().load(st.get("signal", {}))
-        threads = st.get("threads")
-        if threads is not None and threads != torch.get_num_threads():
-            warnings.warn(
-                f"--resume: {ck.path} was written with {threads} torch thread(s), this process uses "
-                f"{torch.get_num_threads()}; the resumed run may differ from an uninterrupted one in the "
-                "last bits (set OMP_NUM_THREADS to match; docs/reliability.md)",
-                HorizonWarning,
-                stacklevel=3,
-            )
-        if self.async_rollouts is not None and "async" in st:
-            self.async_rollouts.load(st["async"])
+    def _restore(self, ck) -> None:
+        super()._restore(ck)
+        if self.async_rollouts is not None and "async" in ck.state:
+            self.async_rollouts.load(ck.state["async"])
 
     # ------------------------------------------------------------------ loop
-
-    def shares_engine(self) -> bool:
-        """Whether the engine follows the training weights (synced after every update)."""
-        return True
-
-    def make_engine(self, *, shared: bool):
-        """The configured rollout engine over the training model (``inference.engine``, ``distributed``)."""
-        engine = make_rollout_engine(
-            self.cfg, self.model, self.tokenizer, device=self.device, shared=shared, world=self.world
-        )
-        return for_family(engine, self.renderer)
-
-    def make_env(self):
-        if self.env_pool is not None:
-            return self.env_pool.make()
-        return self.env_setup.make()
 
     def close(self) -> None:
         """Stop the engine's processes (vllm, Ray replicas), the environment workers, the background
         collector and the torchrun group; the trainer cannot generate afterwards (idempotent)."""
         if self.async_rollouts is not None:
             self.async_rollouts.close()
-        close_quietly(self.engine)
-        if self.env_pool is not None:
-            self.env_pool.close()
-        if self.world is not None:
-            self.world.close()
-
-    def agent_spec(self, params: SamplingParams) -> AgentSpec:
-        r = self.cfg.rollout
-        return AgentSpec(
-            renderer=self.renderer,
-            params=params,
-            limits=self.limits,
-            context=r.context,
-            context_params=dict(r.context_params),
-            agent_params=dict(r.agent_params),
-            make_env=self.make_env,
-            preamble=self.preamble,
-            driver=driver_options(self.cfg),
-        )
-
-    def evaluate(self) -> dict[str, float]:
-        """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched).
-
-        Per-task success counts go to ``eval/step_N.json`` (with the run's generated tokens so far).
-        """
-        saved = self.engine.rng_state()
-        t = self.cfg.train
-        self.engine.set_seed(t.eval_seed if t.eval_seed is not None else t.seed + 1_000_003)
-        per_task: list[int] = []
-        params = SamplingParams(
-            temperature=self.cfg.train.eval_temperature,
-            top_p=self.cfg.rollout.top_p,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-        )
-        try:
-            out = evaluate(
-                self.engine,
-                self.renderer,
-                self.make_env,
-                self.test_tasks,
-                samples=self.cfg.train.eval_samples,
-                params=params,
-                limits=self.limits,
-                agent=self.agent,
-                spec=self.agent_spec(params),
-                per_task=per_task,
-            )
-        finally:
-            self.engine.set_rng_state(saved)
-        if not self.is_main:
-            return out
-        (self.run_dir / "eval").mkdir(exist_ok=True)
-        record = {
-            "step": self.step,
-            "gen_tokens": self.budget.spent,
-            "samples": t.eval_samples,
-            "tasks": [task.id for task in self.test_tasks],
-            "correct": per_task,
-        }
-        (self.run_dir / "eval" / f"step_{self.step}.json").write_text(json.dumps(record) + "\n")
-        return out
+        self.ws.close()
 
     def collect(self, tasks) -> list[Group]:
         """``G`` rollouts of every task through the configured agent program (one batched drive)."""
@@ -378,8 +140,8 @@ class GroupTrainer(Trainer):
 
     def training_rows(self, rollouts, advantages) -> list:
         """Rows of the step: each turn under its sampled context, or its flat history (algo.train_context)."""
-        if self.cfg.algo.train_context == "flat":
-            rollouts = [flat_view(r, self.renderer) for r in rollouts]
+        view = train_context_view(self.cfg.algo.train_context)
+        rollouts = [view(r, self.renderer) for r in rollouts]
         return build_rows(rollouts, advantages, temperature=self.cfg.rollout.temperature)
 
     def train_step(self) -> dict[str, float]:
@@ -388,13 +150,10 @@ class GroupTrainer(Trainer):
         spent = self.budget.spent
         settings, stale = self.update_settings, {}
         if self.async_rollouts is not None:  # sampled in the background by the weights of step - k
-            groups, stale = self.async_rollouts.take(self.step)
+            groups, stale = self.async_rollouts.take(self.step, self.model)
             settings = self.async_rollouts.update_settings(settings, stale)
         else:
-            tasks = self.task_rng.sample(
-                self.train_tasks, min(cfg.rollout.tasks_per_step, len(self.train_tasks))
-            )
-            groups = self.collect(tasks)
+            groups = self.collect(self.task_sampler.sample())
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
         self.budget.rollouts += len(rollouts)

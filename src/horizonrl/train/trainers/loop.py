@@ -21,10 +21,15 @@ generated tokens/s; :func:`~horizonrl.train.rollout.progress.eval_progress`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from horizonrl.errors import NonFiniteError
 from horizonrl.train.records.signal import STREAK_KEY, SignalWatch
+
+if TYPE_CHECKING:
+    from horizonrl.config import RunConfig
+    from horizonrl.train.records.metrics import MetricsLogger
+    from horizonrl.train.update.distributed import NullLogger
 
 
 class Trainer:
@@ -35,9 +40,13 @@ class Trainer:
     #: The frozen config dataclass of ``train.trainer_params`` this trainer reads (None: it takes none).
     params_cls: type | None = None
 
+    #: Logged steps done so far (a group-trainer step, an RTPO stage).
     step: int
-    cfg: Any
-    logger: Any
+    #: The run's config.
+    cfg: RunConfig
+    #: Where :meth:`fit` logs its records (a no-op logger off the main rank under torchrun).
+    logger: MetricsLogger | NullLogger
+    #: The fractions of ``train.eval_fractions`` already evaluated.
     evals_done: list[float]
 
     def has_more(self) -> bool:  # pragma: no cover - abstract

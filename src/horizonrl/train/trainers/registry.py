@@ -90,3 +90,9 @@ def make_trainer(cfg, *, resume: bool = False):
     cls = TRAINERS.get(cfg.train.trainer, field="train.trainer")
     check_loggers(cfg.train.logger_names)  # a missing logger package fails before the model loads
     return cls(cfg, resume=resume)
+
+
+def async_trainers() -> list[str]:
+    """The registered trainers that collect rollouts in the background (``collects_async``;
+    ``train.max_staleness > 0``)."""
+    return [n for n, cls in TRAINERS.items() if getattr(cls, "collects_async", False)]

@@ -21,6 +21,7 @@ overrun either does not start, and one the token budget cut short is discarded.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,13 +37,24 @@ from horizonrl.config import ConfigError
 from horizonrl.config.fields import _Section, opt
 from horizonrl.credit.rtpo import clamped_trajectory_weight, zero_advantage_rate
 from horizonrl.errors import CheckpointError
-from horizonrl.train.records.rollout_log import reverse_stage_records, write_rollout_log
+from horizonrl.train.records.rollout_log import (
+    Encoded,
+    credit_annotation,
+    encode_advantages,
+    jsonable,
+    write_rollout_log,
+)
 from horizonrl.train.rollout.collect import rollout_metrics
 from horizonrl.train.trainers.checks import check_run
-from horizonrl.train.trainers.group import GroupTrainer
 from horizonrl.train.trainers.registry import trainer_params
+from horizonrl.train.trainers.workspace import WorkspaceTrainer
 from horizonrl.train.update.ppo import consistency_metrics, ppo_update, score_rows
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
+
+#: This module was ``horizonrl.train.trainers.reverse_turn`` before issue 43: reverse-turn checkpoints written
+#: then pickle :class:`Sweep` under that name, so the old name resolves here and ``--resume`` still reads
+#: them (an alias in ``sys.modules``, not a module file: ``trainers/`` names no method).
+sys.modules.setdefault("horizonrl.train.trainers.reverse_turn", sys.modules[__name__])
 
 
 @dataclass
@@ -87,6 +99,46 @@ def trunk_metrics(rollouts: list[Rollout], prefix: str = "trunk/") -> dict[str, 
         f"{prefix}no_terminal": float(sum(r.termination != "done" for r in rollouts)),
         f"{prefix}wrong_answer": float(sum(r.termination == "done" and not r.success for r in rollouts)),
     }
+
+
+def reverse_stage_records(batch: dict[str, Any], k: int, *, estimator: str, iteration: int) -> list[dict]:
+    """``credit`` annotations of one reverse-turn stage (RTPO, SeeUPO; the format of
+    :mod:`horizonrl.train.records.rollout_log`).
+
+    ``batch["rows"][i]`` trains turn ``k`` of ``batch["rollouts"][i]`` (its local
+    index is ``k - branch.turn`` for a sibling forked at ``k``); no other turn is
+    trained. Side information per rollout: ``trunk`` id and boundary ``k``,
+    ``sibling`` index within its boundary group (RTPO), the value ``Q`` the
+    advantage was computed from, the trajectory weight ``w``, the ``iteration``.
+    """
+    rollouts, rows = batch["rollouts"], batch["rows"]
+    if len(rows) != len(rollouts):
+        raise ValueError(f"stage has {len(rows)} rows for {len(rollouts)} rollouts")
+    weights = list(batch.get("weights") or [1.0] * len(rollouts))
+    q_values = [float(q) for qs in batch.get("reward_sets", []) for q in qs]
+    sibling: dict[int, tuple[int, int]] = {}
+    for g, (_, sibs) in enumerate(batch.get("groups") or []):
+        for j, s in enumerate(sibs):
+            sibling[id(s)] = (g, j)
+    out = []
+    for i, (r, row) in enumerate(zip(rollouts, rows, strict=True)):
+        local = k - (r.branch.turn if r.branch is not None else 0)
+        adv = np.asarray(row.advantages, dtype=np.float64)[np.asarray(row.trainable, dtype=bool)]
+        advantages: list[list[Encoded]] = [[None] * len(s.turns) for s in r.segments]
+        row_ids: list[list[int | None]] = [[None] * len(s.turns) for s in r.segments]
+        turns = r.segments[0].turns if r.segments else []
+        if 0 <= local < len(turns) and len(turns[local].response_ids) == adv.size:
+            advantages[0][local] = encode_advantages(adv)
+            row_ids[0][local] = i
+        info: dict[str, Any] = {"k": k, "iteration": iteration, "w": weights[i] if i < len(weights) else None}
+        if r.branch is not None:
+            info["trunk"] = r.branch.trunk_id
+        if id(r) in sibling:
+            info["group"], info["sibling"] = sibling[id(r)]
+        if len(q_values) == len(rollouts):
+            info["Q"] = q_values[i]
+        out.append(credit_annotation(estimator, advantages, row_ids, jsonable(info)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -136,11 +188,11 @@ class ReverseTurnParams(_Section):
     )
 
 
-class ReverseTurnTrainer(GroupTrainer):
+class ReverseTurnTrainer(WorkspaceTrainer):
     """Shared machinery of the reverse-turn trainers (``rtpo``, ``seeupo``).
 
-    Reuses the group trainer's model, engine, optimizer, evaluation and
-    checkpoints; a subclass implements :meth:`begin_sweep` (phase 1: rollouts of
+    Holds the run's workspace (``self.ws``: model, engine, optimizer, evaluation
+    and the shared checkpoint state); a subclass implements :meth:`begin_sweep` (phase 1: rollouts of
     the iteration's tasks, returning the :class:`Sweep`) and :meth:`stage_batch`
     (the rows, reward sets and rollouts of one stage).
     """
@@ -166,16 +218,14 @@ class ReverseTurnTrainer(GroupTrainer):
         self.iteration = 0
         self._versions = [0, 0]  # [weights, engine]
         self._pending: dict[str, Any] | None = None
-        super().__init__(cfg, resume=resume)
+        self.setup(cfg, resume=resume, loss_agg_mode=cfg.algo.loss_agg_mode or "seq-mean-token-mean")
+        self.resume_and_log(resume)
         env = self.make_env()
         try:
             if not env.can_fork:
                 raise ConfigError(f"env.name={cfg.env.name!r} cannot fork (snapshot/restore); RTPO needs it")
         finally:
             env.close()
-        mode = cfg.algo.loss_agg_mode or "seq-mean-token-mean"
-        self.loss_agg_mode = mode
-        self.update_settings = dataclasses.replace(self.update_settings, loss_agg_mode=mode)
         self.shared_engine = self.shares_engine()
         if self._pending is not None:
             p = self._pending
