@@ -43,7 +43,7 @@ from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.registry import Registry
 from horizonrl.trajectory import Rollout, Segment, Turn
-from horizonrl.vocab import Overflow
+from horizonrl.vocab import Overflow, Termination
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class ContextManager:
         if room >= params.max_new_tokens:
             return params
         if self.limits.overflow == Overflow.FAIL or room < 1:
-            finish(ep, "context")
+            finish(ep, Termination.CONTEXT)
             return None
         return replace(params, max_new_tokens=room)
         yield  # pragma: no cover - makes this a generator
@@ -194,7 +194,7 @@ class ContextManager:
         ep.segment.info["terminal"] = True
         ep.rollout.success = bool(result.success)
         ep.rollout.final_answer = result.final_answer
-        finish(ep, "done")
+        finish(ep, Termination.DONE)
 
     def commit(
         self, ep: Episode, turn: Turn, gen: Generation, result: StepResult, snapshot: Any
@@ -202,7 +202,7 @@ class ContextManager:
         """Record ``turn`` (already built from ``gen`` and ``result``) and extend the context."""
         ep.segment.turns.append(turn)
         if turn.truncated and len(ep.context) + len(turn.response_ids) >= self.limits.context_budget:
-            finish(ep, "context")
+            finish(ep, Termination.CONTEXT)
             return
         extend_context(ep, turn, gen, result)
         yield from ()

@@ -36,6 +36,7 @@ from horizonrl.envs.episodic import finite_number
 from horizonrl.envs.tools import parse_answer
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
+from horizonrl.vocab import Termination
 
 ToolHandler = Callable[[Episode, Generation], SubProgram]
 
@@ -108,7 +109,7 @@ def episode_program(
     manager.start(ep)
     while not ep.done:
         if ep.agent_turns >= manager.limits.max_turns and not ep.final_attempt:
-            _end_without_answer(ep, "max_turns")
+            _end_without_answer(ep, Termination.MAX_TURNS)
             break
         turn_params = yield from manager.before_turn(ep, params)
         if turn_params is None or ep.done:
@@ -122,7 +123,7 @@ def episode_program(
             if answer is not None and answer.strip():
                 ep.segment.turns.append(turn)
                 ep.result = ("success", answer.strip())
-                finish(ep, "done")
+                finish(ep, Termination.DONE)
                 break
         snapshot = ep.env.snapshot() if manager.needs_rollback else None
         result = None
@@ -149,7 +150,11 @@ def _env_expert(ep: Episode):
 
 def _end_without_answer(ep: Episode, termination: str) -> None:
     if ep.is_child:
-        reason = "no <answer> before the turn limit" if termination == "max_turns" else "no <answer> given"
+        reason = (
+            "no <answer> before the turn limit"
+            if termination == Termination.MAX_TURNS
+            else "no <answer> given"
+        )
         ep.result = ("failed", reason)
     else:
         ep.segment.info.setdefault("terminal", True)

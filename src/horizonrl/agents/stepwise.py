@@ -53,6 +53,7 @@ from horizonrl.envs.base import Env, StepResult, Task
 from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import SamplingParams
 from horizonrl.trajectory import Rollout, Segment
+from horizonrl.vocab import Termination
 
 DEFAULT_HISTORY = 2  # K_H, paper Table S2 ("Prompt history (steps): 2")
 MAX_ACTION_CHARS = 200  # a history action that is not a single one-argument call is cut to this
@@ -237,13 +238,13 @@ def _program(env: Env, task: Task, spec: AgentSpec, uid: str, group_id: str, fmt
         "initial_obs_text": state.observation,
     }
     seg = rollout.segments[0]
-    termination = "max_turns"
+    termination = Termination.MAX_TURNS
     for _ in range(spec.limits.max_turns):
         shown = len(state.shown_history())
         prompt = list(spec.renderer.initial_ids(state.messages(env), schemas))
         params = _fit(prompt, spec.params, spec.limits)
         if params is None:
-            termination = "context"
+            termination = Termination.CONTEXT
             break
         gen = yield Generate(prompt, params, expert=lambda rng, noise: env.expert_action(rng, noise))
         turn = generation_turn(prompt, gen)
@@ -256,7 +257,7 @@ def _program(env: Env, task: Task, spec: AgentSpec, uid: str, group_id: str, fmt
         if result.done:
             rollout.success = bool(result.success)
             rollout.final_answer = result.final_answer
-            termination = "done"
+            termination = Termination.DONE
             break
         state.advance(action_summary(gen.text, env.tools), result)
     seg.info["terminal"] = True

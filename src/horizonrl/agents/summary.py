@@ -52,6 +52,7 @@ from horizonrl.envs.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.textparse import cap_text, first_block, strip_think
 from horizonrl.trajectory import Span, Turn
+from horizonrl.vocab import Termination
 
 SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>", "</summary>"
 SUMMARY_INSTRUCTION = (
@@ -162,7 +163,7 @@ def end_overlong(ep: Episode, reason: str, segment: Any = None) -> None:
     """End the rollout as ``overlong`` (credit 0 under ``supo``/``echo``), recording why in
     ``info["overlong"]`` of ``segment`` (default: the current one)."""
     (segment or ep.segment).info["overlong"] = reason
-    finish(ep, "overlong")
+    finish(ep, Termination.OVERLONG)
 
 
 def agent_turns(ep: Episode) -> list[Turn]:
@@ -183,7 +184,7 @@ def base_metrics(ep: Episode, splits: int) -> dict[str, float]:
         "split": float(splits > 0),
         "segments": float(sum(s.kind == "normal" for s in ep.rollout.segments)),
         "response_length": sum(t.num_response_tokens for t in turns) / max(len(turns), 1),
-        "overlong": float(ep.rollout.termination == "overlong" and ep.done),
+        "overlong": float(ep.rollout.termination == Termination.OVERLONG and ep.done),
     }
 
 

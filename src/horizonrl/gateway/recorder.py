@@ -49,6 +49,7 @@ from typing import Any
 
 from horizonrl.envs.tools import parse_answer
 from horizonrl.trajectory import SEGMENT_KINDS, Rollout, Segment, Turn
+from horizonrl.vocab import Termination
 
 __all__ = ["EPISODE_ID", "EpisodeError", "Recorder"]
 
@@ -506,5 +507,5 @@ class Recorder:
                 "info": dict(ep.info),
                 "metrics": {"gateway_calls": float(ep.calls), "gateway_subagents": float(subagents)},
             }
-            r.termination = "done"
+            r.termination = Termination.DONE
             return r

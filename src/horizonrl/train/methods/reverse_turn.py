@@ -50,6 +50,7 @@ from horizonrl.train.trainers.registry import trainer_params
 from horizonrl.train.trainers.workspace import WorkspaceTrainer
 from horizonrl.train.update.ppo import consistency_metrics, ppo_update, score_rows
 from horizonrl.trajectory import Rollout, Row, Segment, Turn, build_rows, write_jsonl
+from horizonrl.vocab import Termination
 
 #: This module was ``horizonrl.train.trainers.reverse_turn`` before issue 43: reverse-turn checkpoints written
 #: then pickle :class:`Sweep` under that name, so the old name resolves here and ``--resume`` still reads
@@ -96,8 +97,10 @@ def trunk_metrics(rollouts: list[Rollout], prefix: str = "trunk/") -> dict[str, 
         f"{prefix}turns_mean": sum(len(agent_turns(r)) for r in rollouts) / n,
         f"{prefix}success": float(sum(r.success for r in rollouts)),
         f"{prefix}fail_first_turn": float(first_fail),
-        f"{prefix}no_terminal": float(sum(r.termination != "done" for r in rollouts)),
-        f"{prefix}wrong_answer": float(sum(r.termination == "done" and not r.success for r in rollouts)),
+        f"{prefix}no_terminal": float(sum(r.termination != Termination.DONE for r in rollouts)),
+        f"{prefix}wrong_answer": float(
+            sum(r.termination == Termination.DONE and not r.success for r in rollouts)
+        ),
     }
 
 

@@ -22,6 +22,7 @@ from horizonrl.models.chat import CHECK_FIRST_EPISODES
 from horizonrl.train.rollout.progress import EvalProgress, eval_progress_on, watched
 from horizonrl.trajectory import SEGMENT_KINDS, Group, Rollout, saved_tokens
 from horizonrl.trajectory.rows import side_session_overlap
+from horizonrl.vocab import Termination
 
 
 def collect_groups(
@@ -108,8 +109,8 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         # An environment that raised or returned a non-number reward (StepResult.info["env_error"]).
         f"{prefix}rollout/env_error_rate": sum("env_error" in t.info for t in turns) / nt,
         f"{prefix}rollout/truncated_turn_rate": sum(t.truncated for t in turns) / nt,
-        f"{prefix}rollout/context_overflow_rate": term.count("context") / n,
-        f"{prefix}rollout/max_turns_rate": term.count("max_turns") / n,
+        f"{prefix}rollout/context_overflow_rate": term.count(Termination.CONTEXT) / n,
+        f"{prefix}rollout/max_turns_rate": term.count(Termination.MAX_TURNS) / n,
         f"{prefix}rollout/forks_mean": sum(r.env.get("forks", 0) for r in rollouts) / n,
         # Trajectory volume (ECHO Fig. 2): saved segment tokens; the tokens processed beside it.
         f"{prefix}rollout/trajectory_tokens_mean": sum(saved) / n,
