@@ -37,6 +37,7 @@ baseline and how far that baseline moves from the task's.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -44,17 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from horizonrl.credit.ccpo import peer_diagnostics
+from horizonrl.credit.ccpo import CCPOParams, peer_diagnostics
 from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
 from horizonrl.models.lora import FrozenBase, is_lora
 from horizonrl.train.trainers.features import Feature, FeatureContext, register_feature
 from horizonrl.train.update.batching import micro_batches
 from horizonrl.trajectory import Group
 
-#: estimator parameters the peer diagnostics share with the readout (``credit.ccpo.peer_diagnostics``)
-DIAGNOSTIC_PARAMS = ("gamma", "eta", "kernel_scale", "kernel", "summary_weight", "exclude_self")
 #: the released recipe's shrinkage, applied to the paper readout's gap for ccpo/baseline_gap_rms_kappa
 PROBE_KAPPA = 2.0
+CCPO_FIELDS = frozenset(f.name for f in dataclasses.fields(CCPOParams))
 CACHE_ENTRIES = 16_384  # 6,400 steps per batch at the paper's scale (16 x 8 x 50); ~100 MB at D = 1,536
 DEFAULT_TOKEN_BUDGET = 8192
 
@@ -264,14 +264,14 @@ def aliased_rate(groups: Sequence[Group]) -> float:
 def hidden(ctx: FeatureContext, groups: Sequence[Group], params: dict[str, Any]) -> Feature:
     """CCPO's ``hidden=[N, D]`` input and its ``ccpo/*`` metrics (module docstring)."""
     out, stats = hidden_states(ctx, groups)
-    mode = observation_mode(params.get("obs_key", "text"))
-    sup, exact = support_rates(groups, exclude_self=bool(params.get("exclude_self", True)), observation=mode)
+    # the run's CCPO parameters, defaults filled in (another estimator that needs hidden states may take
+    # other keys: those are not CCPO's)
+    p = CCPOParams(**{k: v for k, v in params.items() if k in CCPO_FIELDS})
+    mode = observation_mode(p.obs_key)
+    sup, exact = support_rates(groups, exclude_self=bool(p.exclude_self), observation=mode)
     stats.update(
         {"ccpo/supported_rate": sup, "ccpo/exact_peer_rate": exact, "ccpo/aliased_rate": aliased_rate(groups)}
     )
-    shared = {k: params[k] for k in DIAGNOSTIC_PARAMS if k in params}
-    diag = peer_diagnostics(
-        step_batch_from_groups(groups, observation=mode), out, **shared, kappa=PROBE_KAPPA
-    )
+    diag = peer_diagnostics(step_batch_from_groups(groups, observation=mode), out, p, kappa=PROBE_KAPPA)
     stats.update({f"ccpo/{k}": v for k, v in diag.items()})
     return Feature(out, stats)
