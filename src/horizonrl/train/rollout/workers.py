@@ -2,7 +2,7 @@
 
 - ``backend: local``: the registered ``inference.engine`` in the trainer process
   (request-seeded when ``distributed.seeding`` asks for it, and sharded across
-  ranks under torchrun: :class:`horizonrl.train.update.distributed.ShardedEngine`).
+  ranks under torchrun: :class:`horizonrl.inference.sharded.ShardedEngine`).
 - ``backend: ray``: ``num_engine_replicas`` replicas of ``inference.engine`` as Ray
   actors behind one :class:`~horizonrl.inference.ray_engine.RayEngine`, and, with
   ``num_env_workers > 0``, the environments chosen by ``env_actors`` in
@@ -52,7 +52,7 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
         engine.program_threads = d.num_env_workers if remote_envs(cfg) else 1
         return _with_driver(engine, cfg)
     if world_size > 1:
-        from horizonrl.train.update.distributed import ShardedEngine, full_model_copy
+        from horizonrl.inference.sharded import ShardedEngine, full_model_copy
 
         follow = None
         if world.strategy == "fsdp":  # sharded weights: the engine samples from a full copy

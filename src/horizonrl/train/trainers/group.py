@@ -36,8 +36,10 @@ from horizonrl.inference import SamplingParams
 from horizonrl.models.chat import renderer_for
 from horizonrl.models.lora import frozen_reference, trainable_parameters
 from horizonrl.train.records import checkpoint as ckpt
-from horizonrl.train.records.metrics import MetricsLogger
+from horizonrl.train.records import sharded_checkpoint
+from horizonrl.train.records.metrics import MetricsLogger, NullLogger
 from horizonrl.train.records.rollout_log import credit_records, write_rollout_log
+from horizonrl.train.records.sharded_checkpoint import DCP_MARK
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.rollout.collect import collect_groups, evaluate, rollout_metrics
 from horizonrl.train.rollout.env_setup import env_setup
@@ -46,12 +48,12 @@ from horizonrl.train.trainers.checks import check_resume_config, check_run, ensu
 from horizonrl.train.trainers.features import FeatureContext, compute_features
 from horizonrl.train.trainers.loop import Trainer
 from horizonrl.train.trainers.registry import register_trainer
-from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
 from horizonrl.train.update.lean import enable_gradient_checkpointing, resolve_micro_batch_tokens
 from horizonrl.train.update.ppo import UpdateSettings, ppo_update
 from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
 from horizonrl.train.warmstart.few_shot import few_shot_messages
 from horizonrl.trajectory import Group, build_rows
+from horizonrl.world import init_world
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
 #: same config and seed: tests/test_reliability.py, docs/reliability.md).
@@ -86,7 +88,7 @@ class GroupTrainer(Trainer):
         ckpt.clean_stale(self.ckpt_dir)
         torch.manual_seed(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
-        #: The torchrun group (None in one process): see train/update/distributed.py.
+        #: The torchrun group (None in one process): see horizonrl/world.py.
         self.world = init_world(cfg.distributed, self.device)
         self.is_main = self.world is None or self.world.is_main
         if self.world is not None:
@@ -189,11 +191,9 @@ class GroupTrainer(Trainer):
 
     def save(self) -> Path:
         if self.world is not None:
-            from horizonrl.train.update import distributed
-
             state = self._state()
             state["optimizer"] = DCP_MARK  # sharded: in the DCP files with the model
-            return distributed.save_checkpoint(
+            return sharded_checkpoint.save_checkpoint(
                 self.world,
                 self.ckpt_dir,
                 self.step,
@@ -216,9 +216,7 @@ class GroupTrainer(Trainer):
         """Restore a checkpoint read whole by :func:`~horizonrl.train.records.checkpoint.load_latest`."""
         st = ck.state
         if self.world is not None or st["optimizer"] == DCP_MARK:  # torch distributed checkpointing
-            from horizonrl.train.update.distributed import load_checkpoint
-
-            load_checkpoint(ck.path, self.model, self.optimizer)
+            sharded_checkpoint.load_checkpoint(ck.path, self.model, self.optimizer)
         else:
             ckpt.load_weights_into(self.model, ck.weights)
             self.optimizer.load_state_dict(st["optimizer"])

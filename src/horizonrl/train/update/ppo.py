@@ -239,7 +239,7 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run ``ppo_epochs`` over ``rows``; return averaged training metrics.
 
-    ``world`` (:class:`horizonrl.train.update.distributed.World`, with ``model`` wrapped by
+    ``world`` (:class:`horizonrl.world.World`, with ``model`` wrapped by
     ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
     the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`; whole
     shared-prefix trees with ``algo.tree_training``); gradients and metrics are summed across ranks, so
