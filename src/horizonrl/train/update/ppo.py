@@ -268,29 +268,13 @@ def ppo_update(
     means = _Means()
     lr_before = optimizer.param_groups[0]["lr"]
     skipped = 0
+    kw = {"device": device, "pad_id": pad_id, "micro_batch_tokens": s.micro_batch_tokens, "world": world}
     before: dict[str, float] = {}
     scored = None
     if s.old_logprobs == "recompute":
-        scored = score_rows(
-            model,
-            rows,
-            device=device,
-            pad_id=pad_id,
-            micro_batch_tokens=s.micro_batch_tokens,
-            world=world,
-            forward=s.forward,
-        )
+        scored = score_rows(model, rows, forward=s.forward, **kw)
         before = consistency_metrics(rows, scored)
-    fwd = RowForward(
-        model,
-        rows,
-        s.forward,
-        micro_batch_tokens=s.micro_batch_tokens,
-        device=device,
-        pad_id=pad_id,
-        world=world,
-        ref_model=ref_model if s.kl_coef > 0 else None,
-    )
+    fwd = RowForward(model, rows, s.forward, ref_model=ref_model if s.kl_coef > 0 else None, **kw)
     for epoch in range(s.ppo_epochs):
         for m, idx in enumerate(rollout_mini_batches(rows, s.mini_batches, generator)):
             mb, coef, tis = _mini_batch(
@@ -316,13 +300,10 @@ def ppo_update(
             if skipped:  # the schedule counts the step even when its mini-batches were skipped
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             scheduler.step()
-    out = means.means() | before
-    out["train/lr"] = lr_before
+    out = means.means() | before | {"train/lr": lr_before}
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
     out["train/rows"] = float(len(rows))
-    if s.nonfinite == "skip":
-        out["train/skipped_batches"] = float(skipped)
-    return out
+    return out | ({"train/skipped_batches": float(skipped)} if s.nonfinite == "skip" else {})
 
 
 def _mini_batch(rows, idx, scored, s: UpdateSettings, device, pad_id: int, add):
