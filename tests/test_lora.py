@@ -15,6 +15,7 @@ from horizonrl.config import ConfigError, ModelConfig, load_config
 from horizonrl.models import load_model_and_tokenizer
 from horizonrl.models import lora as lora_utils
 from horizonrl.train.records import checkpoint as ckpt
+from horizonrl.train.records.export import export_merged
 from horizonrl.train.records.metrics import read_metrics
 from horizonrl.train.trainers.group import NONDETERMINISTIC_KEYS, GroupTrainer
 from horizonrl.train.warmstart.bootstrap import load_policy
@@ -161,7 +162,7 @@ def test_export_merges_the_adapters_into_a_plain_model(lora_run, tmp_path):
     for ids in PROMPTS:
         assert float((_logprobs(loaded, ids) - _logprobs(merged, ids)).abs().max()) < 1e-6
     with pytest.raises(FileExistsError):
-        lora_utils.export_merged(run, out)
+        export_merged(run, out)
 
 
 def test_merge_and_unload_gives_the_adapted_model(tiny_model_dir, tmp_path):

@@ -45,7 +45,7 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from horizonrl.models.lora import export_merged
+    from horizonrl.train.records.export import export_merged
 
     out = export_merged(args.model, args.out, base=args.base, dtype=args.dtype)
     print(f"model written to {out}")

@@ -10,7 +10,7 @@ from horizonrl.errors import ConfigError
 
 @dataclass(frozen=True)
 class DistributedConfig(_Section):
-    """Where rollouts and the update run (docs/scale.md; train/update/distributed.py)."""
+    """Where rollouts and the update run (docs/scale.md; horizonrl/world.py)."""
 
     _prefix = "distributed."
     backend: str = opt(

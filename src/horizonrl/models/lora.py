@@ -15,9 +15,10 @@ gradients (:func:`trainable_parameters` is what the optimizer gets).
   vLLM read), naming the base model directory they belong to (``base_model_name_or_path``);
   :func:`load_adapter_weights` restores them exactly.
 - **Export**: :func:`merge_and_unload` folds the adapters into the base weights in place;
-  :func:`export_merged` turns a checkpoint (or a run's latest) into a plain Hugging Face model
-  directory (``horizonrl export``), and :func:`load_adapter_dir` loads such a checkpoint merged, so
-  ``train.init``, ``horizonrl eval --model`` and ``horizonrl serve`` take it like any model directory.
+  :func:`horizonrl.train.records.export.export_merged` turns a checkpoint (or a run's latest) into
+  a plain Hugging Face model directory (``horizonrl export``), and :func:`load_adapter_dir` loads
+  such a checkpoint merged, so ``train.init``, ``horizonrl eval --model`` and ``horizonrl serve``
+  take it like any model directory.
 - **Engines**: the ``hf`` engine runs the training module itself, so it samples with the adapters;
   the ``vllm`` engine loads the base once and the adapters through vLLM's LoRA support
   (:func:`adapter_tensors`, :func:`plain_state_dict`; ``inference/vllm_engine.py``).
@@ -450,43 +451,3 @@ def load_adapter_dir(
     load_adapter_weights(model, load_file(str(weights)), where=str(p))
     merge_and_unload(model)
     return model.to(device).eval(), tok
-
-
-def resolve_checkpoint(source: str | Path) -> Path:
-    """A checkpoint directory from ``source``: a run directory or its ``checkpoints`` directory
-    (the latest complete checkpoint), or a checkpoint directory itself."""
-    from horizonrl.train.records.checkpoint import latest_checkpoint
-
-    p = Path(source)
-    if not p.is_dir():
-        raise FileNotFoundError(f"{source}: no such directory")
-    for root in (p / "checkpoints", p):
-        if root.is_dir() and ((root / "latest").exists() or any(root.glob("step_*"))):
-            latest = latest_checkpoint(root)
-            if latest is None:
-                raise FileNotFoundError(f"{root} holds no complete checkpoint")
-            return latest
-    return p
-
-
-def export_merged(
-    source: str | Path,
-    out_dir: str | Path,
-    *,
-    base: str | Path | None = None,
-    dtype: str = "float32",
-) -> Path:
-    """Write a plain Hugging Face model directory (weights, config, tokenizer) for ``source``: a
-    LoRA checkpoint (or a run directory: its latest) with the adapters merged into the base model
-    it names (or ``base``). A full-model checkpoint is copied as a plain model. Returns ``out_dir``."""
-    from horizonrl.models.loading import load_model_and_tokenizer, save_model_and_tokenizer
-
-    ckpt = resolve_checkpoint(source)
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out}: exists and is not an empty directory")
-    if is_adapter_dir(ckpt):
-        model, tok = load_adapter_dir(ckpt, base=base, dtype=dtype)
-    else:
-        model, tok = load_model_and_tokenizer(ckpt, dtype=dtype)
-    return save_model_and_tokenizer(model, tok, out)

@@ -166,3 +166,16 @@ class MetricsLogger:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of ``run_dir/metrics.jsonl``; torn or non-JSON lines warn and are skipped."""
     return [rec for _, rec in _parse_lines(Path(run_dir) / "metrics.jsonl")]
+
+
+class NullLogger:
+    """The metrics logger of ranks other than 0: returns each record, writes nothing."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"step": step, **dict(sorted(metrics.items()))}
+
+    def log_rollouts(self, step: int, rollouts) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

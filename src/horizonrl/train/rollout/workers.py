@@ -2,7 +2,7 @@
 
 - ``backend: local``: the registered ``inference.engine`` in the trainer process
   (request-seeded when ``distributed.seeding`` asks for it, and sharded across
-  ranks under torchrun: :class:`horizonrl.train.update.distributed.ShardedEngine`).
+  ranks under torchrun: :class:`horizonrl.inference.sharded.ShardedEngine`).
 - ``backend: ray``: ``num_engine_replicas`` replicas of ``inference.engine`` as Ray
   actors behind one :class:`~horizonrl.inference.ray_engine.RayEngine`, and, with
   ``num_env_workers > 0``, the environments chosen by ``env_actors`` in
@@ -53,7 +53,7 @@ def make_rollout_engine(cfg, model, tokenizer, *, device, shared: bool, world=No
         engine = make_ray_engine(cfg.inference.engine, model, tokenizer, settings=d, **kw)
         return check_driver(engine, cfg)
     if world_size > 1:
-        from horizonrl.train.update.distributed import ShardedEngine, full_model_copy
+        from horizonrl.inference.sharded import ShardedEngine, full_model_copy
 
         follow = None
         if world.strategy == "fsdp":  # sharded weights: the engine samples from a full copy

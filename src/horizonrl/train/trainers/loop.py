@@ -28,8 +28,7 @@ from horizonrl.train.records.signal import STREAK_KEY, SignalWatch
 
 if TYPE_CHECKING:
     from horizonrl.config import RunConfig
-    from horizonrl.train.records.metrics import MetricsLogger
-    from horizonrl.train.update.distributed import NullLogger
+    from horizonrl.train.records.metrics import MetricsLogger, NullLogger
 
 
 class Trainer:

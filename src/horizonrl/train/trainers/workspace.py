@@ -45,7 +45,9 @@ from horizonrl.inference import SamplingParams
 from horizonrl.models.chat import renderer_for
 from horizonrl.models.lora import frozen_reference, trainable_parameters
 from horizonrl.train.records import checkpoint as ckpt
-from horizonrl.train.records.metrics import MetricsLogger
+from horizonrl.train.records import sharded_checkpoint
+from horizonrl.train.records.metrics import MetricsLogger, NullLogger
+from horizonrl.train.records.sharded_checkpoint import DCP_MARK
 from horizonrl.train.rollout.budget import BudgetedEngine, TokenBudget
 from horizonrl.train.rollout.collect import evaluate
 from horizonrl.train.rollout.env_setup import env_setup
@@ -60,11 +62,11 @@ from horizonrl.train.rollout.workers import (
 from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.trainers.loop import Trainer
 from horizonrl.train.trainers.registry import async_trainers
-from horizonrl.train.update.distributed import DCP_MARK, NullLogger, init_world
 from horizonrl.train.update.lean import enable_gradient_checkpointing, resolve_micro_batch_tokens
 from horizonrl.train.update.ppo import UpdateSettings
 from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
 from horizonrl.train.warmstart.few_shot import few_shot_messages
+from horizonrl.world import init_world
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -74,7 +76,7 @@ if TYPE_CHECKING:
     from horizonrl.inference import Engine
     from horizonrl.models.chat import ChatRenderer
     from horizonrl.train.rollout.env_setup import EnvSetup
-    from horizonrl.train.update.distributed import World
+    from horizonrl.world import World
 
 
 def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
@@ -105,7 +107,7 @@ class RunWorkspace:
     device: torch.device
     """Where the policy trains (``model.device``, or this rank's device under torchrun)."""
     world: World | None
-    """The torchrun group (``None`` in one process): :mod:`horizonrl.train.update.distributed`."""
+    """The torchrun group (``None`` in one process): :mod:`horizonrl.world`."""
     env_setup: EnvSetup
     """The configured environment class, knobs and task source (``env``)."""
     train_tasks: list[Task]
@@ -271,10 +273,8 @@ class RunWorkspace:
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write the checkpoint of ``step`` (the weights and ``state``; sharded under torchrun)."""
         if self.world is not None:
-            from horizonrl.train.update import distributed
-
             state["optimizer"] = DCP_MARK  # sharded: in the DCP files with the model
-            return distributed.save_checkpoint(
+            return sharded_checkpoint.save_checkpoint(
                 self.world,
                 self.ckpt_dir,
                 step,
@@ -299,9 +299,7 @@ class RunWorkspace:
         trainer's own keys (``step``, ``evals_done``, ``signal``, ...)."""
         st = ck.state
         if self.world is not None or st["optimizer"] == DCP_MARK:  # torch distributed checkpointing
-            from horizonrl.train.update.distributed import load_checkpoint
-
-            load_checkpoint(ck.path, self.model, self.optimizer)
+            sharded_checkpoint.load_checkpoint(ck.path, self.model, self.optimizer)
         else:
             ckpt.load_weights_into(self.model, ck.weights)
             self.optimizer.load_state_dict(st["optimizer"])

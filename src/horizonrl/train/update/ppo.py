@@ -46,10 +46,9 @@ from horizonrl.errors import NonFiniteError
 from horizonrl.losses import aggregate, kl_penalty, policy_loss, rollout_correction, token_coefficients
 from horizonrl.losses.mismatch import CORRECTION_LEVELS, CORRECTION_MODES
 from horizonrl.train.records.checkpoint import check_finite
-from horizonrl.train.update.batching import collate, token_logprobs, verify_trees
-from horizonrl.train.update.chunks import update_chunks
+from horizonrl.train.update.batching import collate
+from horizonrl.train.update.forward import MicroBatch, RowForward
 from horizonrl.train.update.lean import ForwardOptions
-from horizonrl.train.update.tree import tree_cost
 from horizonrl.trajectory import Row
 from horizonrl.vocab import OldLogprobs
 
@@ -174,17 +173,20 @@ def score_rows(
     model.eval()
     mine = []
     try:
-        cost = tree_cost(model) if forward.tree else None
-        if cost is not None:
-            verify_trees(model, rows, forward)
-        seqs = [r.input_ids for r in rows]
-        for chunk in update_chunks(seqs, micro_batch_tokens, world, packed=forward.pack, cost=cost):
-            idx, trees = chunk or ([0], None)
-            batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
-            lp = token_logprobs(model, batch, forward, trees).cpu()
-            if chunk is None:  # an idle rank's forward, for the collectives only
+        fwd = RowForward(
+            model,
+            rows,
+            forward,
+            micro_batch_tokens=micro_batch_tokens,
+            device=device,
+            pad_id=pad_id,
+            world=world,
+        )
+        for micro in fwd.micro_batches(rows):
+            lp = micro.logprobs(model, forward).cpu()
+            if micro.idle:  # an idle rank's forward, for the collectives only
                 continue
-            for b, i in enumerate(idx):
+            for b, i in enumerate(micro.positions):
                 out[i] = lp[b, : len(rows[i]) - 1]
                 mine.append(i)
     finally:
@@ -224,6 +226,21 @@ def _add_tis_metrics(add, w, keep, rho, mask, cap: float) -> None:
     add("train/tis_ratio_max", float(rho.max()))
 
 
+class _Means:
+    """Training metrics averaged over the optimizer steps (and mini-batches) that reported them."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+
 def ppo_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -239,7 +256,7 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run ``ppo_epochs`` over ``rows``; return averaged training metrics.
 
-    ``world`` (:class:`horizonrl.train.update.distributed.World`, with ``model`` wrapped by
+    ``world`` (:class:`horizonrl.world.World`, with ``model`` wrapped by
     ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
     the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`; whole
     shared-prefix trees with ``algo.tree_training``); gradients and metrics are summed across ranks, so
@@ -248,142 +265,165 @@ def ppo_update(
     if not rows:
         return {}
     model.train()
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-
-    def add(key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + float(value)
-        counts[key] = counts.get(key, 0) + 1
-
+    means = _Means()
     lr_before = optimizer.param_groups[0]["lr"]
     skipped = 0
+    kw = {"device": device, "pad_id": pad_id, "micro_batch_tokens": s.micro_batch_tokens, "world": world}
     before: dict[str, float] = {}
     scored = None
     if s.old_logprobs == "recompute":
-        scored = score_rows(
-            model,
-            rows,
-            device=device,
-            pad_id=pad_id,
-            micro_batch_tokens=s.micro_batch_tokens,
-            world=world,
-            forward=s.forward,
-        )
+        scored = score_rows(model, rows, forward=s.forward, **kw)
         before = consistency_metrics(rows, scored)
-    cost = tree_cost(model) if s.forward.tree else None
-    if cost is not None:
-        verify_trees(model, rows, s.forward)
-        if ref_model is not None and s.kl_coef > 0:
-            verify_trees(ref_model, rows, s.forward)
+    fwd = RowForward(model, rows, s.forward, ref_model=ref_model if s.kl_coef > 0 else None, **kw)
     for epoch in range(s.ppo_epochs):
         for m, idx in enumerate(rollout_mini_batches(rows, s.mini_batches, generator)):
-            old = [scored[i] for i in idx] if scored is not None else None
-            mb = collate([rows[i] for i in idx], pad_id=pad_id, old_logprobs=old).to(device)
-            tis = None
-            if s.tis_cap is not None:
-                tis, keep, rho = rollout_correction(
-                    mb.old_logprobs,
-                    mb.rollout_logprobs,
-                    mb.mask,
-                    cap=s.tis_cap,
-                    level=s.tis_level,
-                    mode=s.tis_mode,
-                )
-                if epoch == 0:
-                    _add_tis_metrics(add, tis, keep, rho, mb.mask, s.tis_cap)
-                mb.mask = keep  # MIS: dropped tokens leave the loss and its normaliser
-            coef = token_coefficients(
-                mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids, norm_tokens=s.norm_tokens
+            mb, coef, tis = _mini_batch(
+                rows, idx, scored, s, device, pad_id, means.add if epoch == 0 else None
             )
-            log_ratio_sum, n_tok, max_abs_log = 0.0, 0.0, 0.0
-            totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
-            # Micro-batches: rows sorted by length so they pad little, or shared-prefix forests.
-            seqs = [rows[i].input_ids for i in idx]
-            chunks = update_chunks(seqs, s.micro_batch_tokens, world, packed=s.pack_rows, cost=cost)
-            for k, chunk in enumerate(chunks):
-                positions, trees = chunk or ([0], None)
-                c = torch.tensor(positions, device=device)
-                sub = mb.slice(c)
-                cf = coef[c] if chunk is not None else torch.zeros_like(coef[c])
-                sync = world.grad_sync(model, k == len(chunks) - 1) if world else contextlib.nullcontext()
-                with sync:
-                    logp = token_logprobs(model, sub, s.forward, trees)
-                    pl, stats = policy_loss(
-                        logp,
-                        sub.old_logprobs,
-                        sub.advantages,
-                        clip_low=s.clip_low,
-                        clip_high=s.clip_high,
-                        dual_clip=s.dual_clip,
-                        turn_ids=sub.turn_ids if s.turn_level_is else None,
-                        logprob_clip=s.logprob_clip,
-                        clip=s.policy_loss == "ppo",
-                    )
-                    if tis is not None:
-                        pl = pl * tis[c]
-                    loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
-                    totals["pg_loss"] += loss.item()
-                    totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
-                    if ref_model is not None and s.kl_coef > 0:
-                        with torch.no_grad():
-                            ref_lp = token_logprobs(ref_model, sub, s.forward, trees)
-                        kl = aggregate(
-                            kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf
-                        )
-                        totals["kl"] += kl.item()
-                        loss = loss + s.kl_coef * kl
-                    totals["loss"] += loss.item()
-                    # DDP / FSDP average gradients over ranks; the scaled partial losses sum to the loss.
-                    (loss if world is None else loss * world.size).backward()
-                if epoch == 0 and m == 0 and not before and chunk is not None:
-                    d = (logp.detach() - sub.old_logprobs) * sub.mask
-                    log_ratio_sum += float(d.sum())
-                    n_tok += float(sub.mask.sum())
-                    max_abs_log = max(max_abs_log, float(d.abs().max()))
+            ratio = _Ratio() if epoch == 0 and m == 0 and not before else None
+            totals = _backward(model, fwd, [rows[i] for i in idx], mb, coef, tis, s, ref_model, world, ratio)
+            ratio = ratio or _Ratio()
             if world is not None:
-                keys = list(totals)
-                summed = world.sum([totals[k] for k in keys] + [log_ratio_sum, n_tok])
-                totals = dict(zip(keys, summed[: len(keys)], strict=True))
-                log_ratio_sum, n_tok = summed[len(keys) :]
-                max_abs_log = world.max([max_abs_log])[0]
-            gn = _grad_norm(model, s.grad_clip, world)
-            if not (math.isfinite(totals["loss"]) and math.isfinite(float(gn))):
-                optimizer.zero_grad(set_to_none=True)
-                what = "loss" if not math.isfinite(totals["loss"]) else "gradient norm"
-                if s.nonfinite == "stop":
-                    raise NonFiniteError(
-                        f"non-finite {what} (loss {totals['loss']}, gradient norm {float(gn)}) in epoch "
-                        f"{epoch}, mini-batch {m}; no checkpoint was written. Lower optim.lr, or set "
-                        "optim.nonfinite=skip to skip such batches"
-                    )
+                totals = ratio.reduce(world, totals)
+            gn = _step(model, optimizer, s, totals["loss"], world, epoch, m)
+            if gn is None:
                 skipped += 1
                 continue
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            try:
-                _check_finite(model, world)
-            except NonFiniteError as e:
-                raise NonFiniteError(
-                    f"{e} after the optimizer step (epoch {epoch}, mini-batch {m}); lower optim.lr"
-                ) from None
-            add("train/grad_norm", float(gn))
+            means.add("train/grad_norm", gn)
             for k, v in totals.items():
-                add(f"train/{k}", v)
-            if epoch == 0 and m == 0 and n_tok > 0:
-                add("train/ratio_geomean", float(torch.exp(torch.tensor(log_ratio_sum / n_tok))))
-                add("train/ratio_max_abs_log", max_abs_log)
+                means.add(f"train/{k}", v)
+            if epoch == 0 and m == 0 and ratio.n_tok > 0:
+                means.add("train/ratio_geomean", float(torch.exp(torch.tensor(ratio.log_sum / ratio.n_tok))))
+                means.add("train/ratio_max_abs_log", ratio.max_abs)
     if scheduler is not None:
         with warnings.catch_warnings():
             if skipped:  # the schedule counts the step even when its mini-batches were skipped
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             scheduler.step()
-    out = {k: sums[k] / counts[k] for k in sums} | before
-    out["train/lr"] = lr_before
+    out = means.means() | before | {"train/lr": lr_before}
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
     out["train/rows"] = float(len(rows))
-    if s.nonfinite == "skip":
-        out["train/skipped_batches"] = float(skipped)
-    return out
+    return out | ({"train/skipped_batches": float(skipped)} if s.nonfinite == "skip" else {})
+
+
+def _mini_batch(rows, idx, scored, s: UpdateSettings, device, pad_id: int, add):
+    """``(batch, coefficients, tis)`` of one mini-batch: its rows collated (``pi_old`` recomputed when
+    ``scored``), the rollout-correction weights (``tis``, None without ``tis_cap``; MIS drops tokens
+    from the mask), and the aggregation coefficients of the whole mini-batch (``token_coefficients``).
+    ``add``: where the correction's metrics go (None: not reported)."""
+    old = [scored[i] for i in idx] if scored is not None else None
+    mb = collate([rows[i] for i in idx], pad_id=pad_id, old_logprobs=old).to(device)
+    tis = None
+    if s.tis_cap is not None:
+        tis, keep, rho = rollout_correction(
+            mb.old_logprobs,
+            mb.rollout_logprobs,
+            mb.mask,
+            cap=s.tis_cap,
+            level=s.tis_level,
+            mode=s.tis_mode,
+        )
+        if add is not None:
+            _add_tis_metrics(add, tis, keep, rho, mb.mask, s.tis_cap)
+        mb.mask = keep  # MIS: dropped tokens leave the loss and its normaliser
+    coef = token_coefficients(mb.mask, s.loss_agg_mode, rollout_ids=mb.rollout_ids, norm_tokens=s.norm_tokens)
+    return mb, coef, tis
+
+
+class _Ratio:
+    """``log(pi_train / pi_rollout)`` over the trainable tokens of the first mini-batch, before any step."""
+
+    def __init__(self) -> None:
+        self.log_sum, self.n_tok, self.max_abs = 0.0, 0.0, 0.0
+
+    def add(self, logp: torch.Tensor, sub) -> None:
+        d = (logp.detach() - sub.old_logprobs) * sub.mask
+        self.log_sum += float(d.sum())
+        self.n_tok += float(sub.mask.sum())
+        self.max_abs = max(self.max_abs, float(d.abs().max()))
+
+    def reduce(self, world, totals: dict[str, float]) -> dict[str, float]:
+        """``totals`` and this ratio summed (its max: maxed) across the ranks."""
+        keys = list(totals)
+        summed = world.sum([totals[k] for k in keys] + [self.log_sum, self.n_tok])
+        self.log_sum, self.n_tok = summed[len(keys) :]
+        self.max_abs = world.max([self.max_abs])[0]
+        return dict(zip(keys, summed[: len(keys)], strict=True))
+
+
+def _backward(model, fwd: RowForward, rows, mb, coef, tis, s: UpdateSettings, ref_model, world, ratio):
+    """Forward and backward over the micro-batches of one mini-batch (gradients accumulate); returns the
+    summed ``loss``, ``pg_loss``, ``kl`` and ``clipfrac``. ``ratio``: measures the first mini-batch."""
+    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clipfrac": 0.0}
+    # Micro-batches: rows sorted by length so they pad little, or shared-prefix forests.
+    for micro in fwd.micro_batches(rows, mb):
+        c, sub = micro.index, micro.batch
+        cf = coef[c] if not micro.idle else torch.zeros_like(coef[c])
+        sync = world.grad_sync(model, micro.last) if world else contextlib.nullcontext()
+        with sync:
+            logp = micro.logprobs(model, s.forward)
+            loss = _loss(logp, micro, cf, tis, s, ref_model, totals)
+            # DDP / FSDP average gradients over ranks; the scaled partial losses sum to the loss.
+            (loss if world is None else loss * world.size).backward()
+        if ratio is not None and not micro.idle:
+            ratio.add(logp, sub)
+    return totals
+
+
+def _loss(logp, micro: MicroBatch, cf, tis, s: UpdateSettings, ref_model, totals) -> torch.Tensor:
+    """One micro-batch's share of the mini-batch loss: the policy loss (weighted by ``tis``) and, with
+    ``kl_coef``, ``kl_coef * KL(pi || pi_ref)``, both aggregated with the mini-batch's coefficients ``cf``
+    (so the micro-batches' losses sum to the mini-batch's); its parts are added to ``totals``."""
+    sub = micro.batch
+    pl, stats = policy_loss(
+        logp,
+        sub.old_logprobs,
+        sub.advantages,
+        clip_low=s.clip_low,
+        clip_high=s.clip_high,
+        dual_clip=s.dual_clip,
+        turn_ids=sub.turn_ids if s.turn_level_is else None,
+        logprob_clip=s.logprob_clip,
+        clip=s.policy_loss == "ppo",
+    )
+    if tis is not None:
+        pl = pl * tis[micro.index]
+    loss = aggregate(pl, sub.mask, s.loss_agg_mode, coefficients=cf)
+    totals["pg_loss"] += loss.item()
+    totals["clipfrac"] += float((cf * stats["clipped"].float()).sum())
+    if ref_model is not None and s.kl_coef > 0:
+        with torch.no_grad():
+            ref_lp = micro.logprobs(ref_model, s.forward)
+        kl = aggregate(kl_penalty(logp, ref_lp, s.kl_kind), sub.mask, s.loss_agg_mode, coefficients=cf)
+        totals["kl"] += kl.item()
+        loss = loss + s.kl_coef * kl
+    totals["loss"] += loss.item()
+    return loss
+
+
+def _step(model, optimizer, s: UpdateSettings, loss: float, world, epoch: int, m: int) -> float | None:
+    """Clip the gradients and step the optimizer; the gradient norm, or None when a non-finite loss or
+    norm made ``nonfinite='skip'`` drop the step (``'stop'`` raises)."""
+    gn = _grad_norm(model, s.grad_clip, world)
+    if not (math.isfinite(loss) and math.isfinite(float(gn))):
+        optimizer.zero_grad(set_to_none=True)
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        if s.nonfinite == "stop":
+            raise NonFiniteError(
+                f"non-finite {what} (loss {loss}, gradient norm {float(gn)}) in epoch "
+                f"{epoch}, mini-batch {m}; no checkpoint was written. Lower optim.lr, or set "
+                "optim.nonfinite=skip to skip such batches"
+            )
+        return None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    try:
+        _check_finite(model, world)
+    except NonFiniteError as e:
+        raise NonFiniteError(
+            f"{e} after the optimizer step (epoch {epoch}, mini-batch {m}); lower optim.lr"
+        ) from None
+    return float(gn)
 
 
 def _grad_norm(model: torch.nn.Module, grad_clip: float, world) -> torch.Tensor:
