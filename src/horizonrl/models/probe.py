@@ -31,6 +31,22 @@ __all__ = [
 ]
 
 
+#: The assistant text of the probe conversation (a string no template writes itself).
+PLACEHOLDER = "PLACEHOLDER-RESPONSE-7f3a"
+#: The probe conversation the renderer is built from: a system turn, a user turn, an assistant turn.
+BASE: tuple[dict[str, str], ...] = (
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U"},
+    {"role": "assistant", "content": PLACEHOLDER},
+)
+#: A tool whose name no template knows, used to see how a template renders ``tools=``.
+PROBE_TOOL = {
+    "name": "probe_tool_7f3a",
+    "description": "d",
+    "parameters": {"type": "object", "properties": {}},
+}
+
+
 class TemplateRewritesHistory(ValueError):
     """A chat template renders an earlier turn differently once more messages follow it."""
 
@@ -72,11 +88,9 @@ def base_parts(renderer: Any, before_assistant_ids: Sequence[int], tools=None) -
     """Parts of a rendering that starts with the probe's system and user turns: ``system turn`` and
     ``first user turn`` when the system turn renders on its own as a prefix, else one part (Gemma 3
     folds the system turn into the first user turn; Llama 3.1 puts tools into it)."""
-    from horizonrl.models.chat import _BASE
-
     n = len(before_assistant_ids)
     try:
-        system = renderer._encode(renderer.render_text(list(_BASE[:1]), tools))
+        system = renderer._encode(renderer.render_text(list(BASE[:1]), tools))
     except Exception:  # a template may refuse a conversation without a user turn (Llama 3.1 with tools)
         system = []
     if system and list(before_assistant_ids[: len(system)]) == system and len(system) < n:
@@ -105,22 +119,20 @@ def probe_history(renderer: Any) -> None:
 
 
 def _probe(r: Any, reply_role: str) -> None:
-    from horizonrl.models.chat import _BASE, _PROBE_TOOL
-
-    tools = [_PROBE_TOOL]
+    tools = [PROBE_TOOL]
     tags = r.family.think or ("<think>", "</think>")
     # The model writes its thinking itself, unless the generation prompt already holds the (empty)
     # think block (Qwen3 with enable_thinking=False): then the turn is that block + the response.
     think = "" if r.prefill_ids else f"{tags[0]}\nweigh it\n{tags[1]}\n\n"
     prefill = r.tokenizer.decode(r.prefill_ids) if r.prefill_ids else ""
-    call = {"type": "function", "function": {"name": _PROBE_TOOL["name"], "arguments": {}}}
+    call = {"type": "function", "function": {"name": PROBE_TOOL["name"], "arguments": {}}}
     turns = [
         {"role": "assistant", "content": think, "tool_calls": [call]},
         {"role": "assistant", "content": think + "Done."},
     ]
     reply = {"role": reply_role, "content": "R"}
     query = {"role": "user", "content": "Q"}
-    start = list(_BASE[:2])
+    start = list(BASE[:2])
 
     ids = r.initial_ids(start, tools)
     before = r._encode(r.render_text(start, tools))  # without the generation prompt
