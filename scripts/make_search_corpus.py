@@ -2,7 +2,7 @@
 
 Run from the repository root (deterministic: the same files every time)::
 
-    .venv/bin/python scripts/make_search_corpus.py            # writes src/horizonrl/envs/search/data/
+    .venv/bin/python scripts/make_search_corpus.py            # writes src/horizonrl/envs/builtin/search/data/
     .venv/bin/python scripts/make_search_corpus.py --out DIR  # somewhere else
 
 The world is invented (names are made of syllables, so a model cannot answer from

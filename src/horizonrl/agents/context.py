@@ -38,7 +38,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
-from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.core.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.registry import Registry
 from horizonrl.trajectory import Rollout, Segment, Turn

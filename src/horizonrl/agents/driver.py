@@ -20,7 +20,7 @@ trainer sets from ``rollout.driver``):
 
 Between engine calls the synchronous driver runs the programs' environment steps.
 When those wait on another process (environments in Ray actors,
-:mod:`horizonrl.envs.remote`) an engine may set ``program_threads > 1``: the ready
+:mod:`horizonrl.envs.core.remote`) an engine may set ``program_threads > 1``: the ready
 programs are then resumed in that many threads, one rollout (a root program and
 its subagents) per thread at a time, and their requests are collected in the same
 order as one thread would, so the batches, and with them the samples, are the same.

@@ -30,9 +30,9 @@ from horizonrl.agents.context import (
     make_context,
 )
 from horizonrl.agents.driver import Generate, Program, drive
-from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.episodic import finite_number
-from horizonrl.envs.tools import parse_answer
+from horizonrl.envs.core.base import Env, StepResult, Task
+from horizonrl.envs.core.common import finite_number
+from horizonrl.envs.core.tools import parse_answer
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
 

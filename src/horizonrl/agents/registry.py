@@ -22,7 +22,7 @@ from typing import Any
 from horizonrl.agents.context import make_context
 from horizonrl.agents.driver import Program
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
-from horizonrl.envs.base import Env, Task
+from horizonrl.envs.core.base import Env, Task
 from horizonrl.inference.base import SamplingParams
 from horizonrl.registry import Registry
 
