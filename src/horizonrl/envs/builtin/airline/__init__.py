@@ -18,7 +18,8 @@ from horizonrl.envs.builtin.airline.data import (
     load_tasks,
 )
 from horizonrl.envs.builtin.airline.env import AirlineEnv, evaluate, gold_hash, replay, task_from_record
-from horizonrl.envs.builtin.airline.tools import TOOLS, execute
+from horizonrl.envs.builtin.airline.schema import TOOLS
+from horizonrl.envs.builtin.airline.tools import execute
 from horizonrl.envs.builtin.airline.user import (
     STOP,
     STOP_TOKENS,

@@ -61,7 +61,8 @@ from horizonrl.envs.builtin.airline.data import (
     load_splits,
     load_task,
 )
-from horizonrl.envs.builtin.airline.tools import TOOLS, execute
+from horizonrl.envs.builtin.airline.schema import TOOLS
+from horizonrl.envs.builtin.airline.tools import execute
 from horizonrl.envs.builtin.airline.user import (
     AGENT_GREETING,
     LLMUser,

