@@ -32,16 +32,16 @@ import subprocess
 import sys
 
 CASES = {
-    "tool_call_open_x": ("from horizonrl.envs.tools import parse_tool_calls as f", "'<tool_call>' * N"),
+    "tool_call_open_x": ("from horizonrl.envs.core.tools import parse_tool_calls as f", "'<tool_call>' * N"),
     "tool_call_deep_json": (
-        "from horizonrl.envs.tools import parse_tool_calls as f",
+        "from horizonrl.envs.core.tools import parse_tool_calls as f",
         "'<tool_call>{\"name\": \"x\", \"arguments\": {\"a\": ' + '[' * N + ']' * N + '}}</tool_call>'",
     ),
     "tool_call_huge_int": (
-        "from horizonrl.envs.tools import parse_tool_calls as f",
+        "from horizonrl.envs.core.tools import parse_tool_calls as f",
         '\'<tool_call>{"name": "x", "arguments": {"a": \' + \'7\' * N + \'}}</tool_call>\'',
     ),
-    "answer_open_x": ("from horizonrl.envs.tools import parse_answer as f", "'<answer>' * N"),
+    "answer_open_x": ("from horizonrl.envs.core.tools import parse_answer as f", "'<answer>' * N"),
     "compaction_summary_open_x": (
         "from horizonrl.agents.compaction import extract_summary as f",
         "'<summary>' * N",
@@ -80,12 +80,12 @@ CASES = {
     ),
     "stepwise_action": ("from horizonrl.agents.stepwise import action_summary as f", "'<tool_call>' * N"),
     "arith_answer_exponent": (
-        "from horizonrl.envs.calculator import parse_number as f",
+        "from horizonrl.envs.builtin.calculator import parse_number as f",
         "'1e' + str(N * 100)",
     ),
     "serve_extract": ("from horizonrl.serve import extract_tool_calls as f", "'<tool_call>' * N"),
     "airline_visible": (
-        "from horizonrl.envs.airline.env import visible_text as f",
+        "from horizonrl.envs.builtin.airline.env import visible_text as f",
         "'<tool_call><think>' * N",
     ),
 }

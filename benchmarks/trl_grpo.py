@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from horizonrl.envs.tools import parse_answer
+from horizonrl.envs.core.tools import parse_answer
 
 KNOBS = {"n_ops": 1, "max_operand": 99, "ops": "+-"}
 

@@ -2,7 +2,7 @@
 
 Run from the repository root (deterministic: the same files every time)::
 
-    .venv/bin/python scripts/make_search_corpus.py            # writes src/horizonrl/envs/search/data/
+    .venv/bin/python scripts/make_search_corpus.py            # writes src/horizonrl/envs/builtin/search/data/
     .venv/bin/python scripts/make_search_corpus.py --out DIR  # somewhere else
 
 The world is invented (names are made of syllables, so a model cannot answer from
@@ -43,7 +43,7 @@ COUNTS = {"country": 8, "city": 28, "company": 30, "university": 10, "person": 1
 N_EVENTS = 60
 QUESTIONS_PER_HOP = 100
 MAX_HOPS = 4
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "horizonrl" / "envs" / "search" / "data"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src/horizonrl/envs/builtin/search/data"
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "tr")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")

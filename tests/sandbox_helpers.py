@@ -7,8 +7,8 @@ import tempfile
 
 import pytest
 
-from horizonrl.envs import sandbox_host
 from horizonrl.envs.sandbox import bwrap_problem
+from horizonrl.envs.sandbox import host as sandbox_host
 
 BACKENDS = ["rlimit"] + ([] if bwrap_problem() else ["bwrap"])
 BWRAP_ONLY = pytest.mark.skipif(

@@ -7,9 +7,9 @@ Imported by the distributed/Ray tests and by the torchrun worker script ``dist_r
 
 from __future__ import annotations
 
-from horizonrl.envs.arithmetic import ArithmeticEnv
-from horizonrl.envs.base import StepResult
-from horizonrl.envs.registry import register_env
+from horizonrl.envs.builtin.arithmetic import ArithmeticEnv
+from horizonrl.envs.core.base import StepResult
+from horizonrl.envs.core.registry import register_env
 
 
 @register_env("arith_shaped")

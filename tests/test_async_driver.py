@@ -24,7 +24,7 @@ from horizonrl.agents.registry import make_program
 from horizonrl.agents.scheduler import DriveStats, drive_async
 from horizonrl.config import load_config
 from horizonrl.envs import get_env
-from horizonrl.envs.tools import format_answer, format_tool_call
+from horizonrl.envs.core.tools import format_answer, format_tool_call
 from horizonrl.errors import ConfigError
 from horizonrl.inference import HFEngine
 from horizonrl.inference.base import Engine, Generation, SamplingParams

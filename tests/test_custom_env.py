@@ -13,7 +13,7 @@ import pytest
 
 from horizonrl.config import ConfigError, load_config
 from horizonrl.envs import CustomEnv, Task, ToolError, format_answer, format_tool_call, get_env, tool
-from horizonrl.envs.custom import tool_schema
+from horizonrl.envs.core.custom import tool_schema
 from horizonrl.train.rollout.env_setup import env_setup
 from horizonrl.trajectory import read_jsonl
 

@@ -14,7 +14,7 @@ import pytest
 
 from env_messages_support import NUDGE, QUESTION, STOCK, Shelf, count_calls, loop_prompts
 from horizonrl.envs import EnvMessage, StepResult, format_tool_call, get_env
-from horizonrl.envs.tools import ToolCall, parse_tool_calls
+from horizonrl.envs.core.tools import ToolCall, parse_tool_calls
 
 # -- the type ---------------------------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ def test_airline_answers_the_customer_with_one_user_message():
 def test_verifiers_keeps_each_added_message_and_its_call_id():
     """The hub adapter's reply: each message the environment added after the assistant's, tool results
     with their ``tool_call_id`` (verifiers itself is not needed to map them)."""
-    from horizonrl.envs.verifiers_env import VerifiersEnv
+    from horizonrl.envs.hubs.verifiers_env import VerifiersEnv
 
     env = object.__new__(VerifiersEnv)
     env.knobs, env.where, env.state = {"obs_key": "observation"}, "verifiers environment 'x'", {"turn": 1}

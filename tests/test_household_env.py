@@ -14,12 +14,12 @@ from collections import Counter
 
 import pytest
 
-import horizonrl.envs.household  # noqa: F401  (registers "household")
+import horizonrl.envs.builtin.household  # noqa: F401  (registers "household")
 from horizonrl.envs import StepResult, format_tool_call, get_env, make_env
-from horizonrl.envs.household import TASK_TYPES, HouseholdEnv, HouseholdGame
-from horizonrl.envs.household.env import normalize_command
-from horizonrl.envs.household.game import shipped_file, shipped_logic, template_shape
-from horizonrl.envs.household.pddl import PddlError, World, parse_domain, parse_problem, parse_sexpr
+from horizonrl.envs.builtin.household import TASK_TYPES, HouseholdEnv, HouseholdGame
+from horizonrl.envs.builtin.household.env import normalize_command
+from horizonrl.envs.builtin.household.game import shipped_file, shipped_logic, template_shape
+from horizonrl.envs.builtin.household.pddl import PddlError, World, parse_domain, parse_problem, parse_sexpr
 
 # A problem written by hand (not by the generator): agent in the middle, an apple on countertop 1,
 # a closed fridge, a sink basin, a desk with a lamp. Expected texts below are read off alfred.twl2.
@@ -110,7 +110,7 @@ def test_uses_the_shipped_domain_and_grammar_without_importing_alfworld():
 
 def test_registration_is_light_and_alfworld_is_never_imported():
     code = (
-        "import sys, horizonrl.envs.household as h\n"
+        "import sys, horizonrl.envs.builtin.household as h\n"
         "assert 'textworld' not in sys.modules\n"
         "h.HouseholdEnv.make_tasks(1, seed=0)\n"
         "assert 'textworld' in sys.modules\n"
@@ -205,7 +205,7 @@ def test_command_cache_matches_fresh_derivation(hand_game):
     s = g.initial_state
     for cmd in ["go to countertop 1", "take apple 1 from countertop 1"]:
         s, _, _ = g.step(s, cmd)
-    from horizonrl.envs.household.game import derive
+    from horizonrl.envs.builtin.household.game import derive
 
     for text, action in g.commands(s):
         fresh = derive(g.grammar, g.logic.actions[action[0]].template, g._context(g.tw_state(s), action))

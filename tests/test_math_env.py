@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import reasoning_gym
 
-import horizonrl.envs.math_tool  # noqa: F401  (registers math_python)
+import horizonrl.envs.builtin.math_tool  # noqa: F401  (registers math_python)
 from horizonrl.envs import format_tool_call, get_env, make_env
-from horizonrl.envs.math_tool import MathPythonEnv
+from horizonrl.envs.builtin.math_tool import MathPythonEnv
 from horizonrl.envs.sandbox import sandbox_backend
 
 FAST = {"timeout_s": 5.0, "cpu_s": 2, "memory_mb": 256}

@@ -15,7 +15,7 @@ from horizonrl.agents import AgentSpec, LoopLimits
 from horizonrl.agents.expert import ExpertEngine
 from horizonrl.config import load_config
 from horizonrl.envs import Task, format_answer, format_tool_call, register_env
-from horizonrl.envs.mcp import MCPEnv, MCPError, server_for
+from horizonrl.envs.hubs.mcp import MCPEnv, MCPError, server_for
 from horizonrl.inference import SamplingParams
 from horizonrl.train.rollout.collect import collect_groups
 

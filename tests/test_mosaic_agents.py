@@ -18,7 +18,7 @@ from horizonrl.agents.compaction import (
 )
 from horizonrl.agents.fork import BUDGET_MESSAGE, DELEGATION_PROMPT, fork_call
 from horizonrl.envs import get_env
-from horizonrl.envs.tools import format_answer, format_tool_call
+from horizonrl.envs.core.tools import format_answer, format_tool_call
 from horizonrl.inference import HFEngine
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer

@@ -8,7 +8,7 @@ from horizonrl.agents.compaction import FORCED_ANSWER_MESSAGE
 from horizonrl.agents.context import finish
 from horizonrl.agents.react import start_episode
 from horizonrl.envs import get_env
-from horizonrl.envs.tools import format_answer, format_tool_call
+from horizonrl.envs.core.tools import format_answer, format_tool_call
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
 from horizonrl.train.methods.info_gain import PROBE, probe_split, session_contexts

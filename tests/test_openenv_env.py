@@ -11,7 +11,7 @@ import pytest
 
 from horizonrl.config import ConfigError, load_config
 from horizonrl.envs import get_env
-from horizonrl.envs.openenv_client import OpenEnvError
+from horizonrl.envs.hubs.openenv_client import OpenEnvError
 from hub_support import annotated, assert_token_exact_grpo, train_steps
 
 ROOT = Path(__file__).resolve().parents[1]

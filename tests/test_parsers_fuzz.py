@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from horizonrl import textparse
 from horizonrl.agents import compaction, memory, psi, stepwise, summary
-from horizonrl.envs.airline import env as airline_env
-from horizonrl.envs.airline.tools import execute as airline_execute
-from horizonrl.envs.calculator import MAX_EXPONENT, parse_number
-from horizonrl.envs.tools import (
+from horizonrl.envs.builtin.airline import env as airline_env
+from horizonrl.envs.builtin.airline.tools import execute as airline_execute
+from horizonrl.envs.builtin.calculator import MAX_EXPONENT, parse_number
+from horizonrl.envs.core.tools import (
     TOOL_CLOSE,
     TOOL_OPEN,
     Tool,

@@ -20,7 +20,7 @@ from horizonrl.agents.psi import (
     strip_think,
 )
 from horizonrl.agents.react import episode_program
-from horizonrl.envs.arithmetic import CALCULATOR, ArithmeticEnv
+from horizonrl.envs.builtin.arithmetic import CALCULATOR, ArithmeticEnv
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.models import ChatRenderer
 from horizonrl.trajectory import build_rows

@@ -217,7 +217,7 @@ def test_lora_policy_on_two_hf_replicas_matches_one_local_engine(ray_session, ti
 
 
 def test_environment_workers_behave_like_local_environments(ray_session, tiny_model_dir, tmp_path):
-    from horizonrl.envs.remote import EnvPool
+    from horizonrl.envs.core.remote import EnvPool
 
     settings = load_config(None, ["distributed.backend=ray", "distributed.num_env_workers=2"]).distributed
     knobs = {"n_ops": 1, "max_operand": 9}

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.envs import sandbox, sandbox_host
+from horizonrl.envs.sandbox import host as sandbox_host
 from horizonrl.envs.sandbox import run_python
+from horizonrl.envs.sandbox import runner as sandbox
 from sandbox_helpers import (  # noqa: F401 (fixtures)
     BWRAP_ONLY,
     backend_fixture,
@@ -347,7 +348,7 @@ def test_without_a_private_tmpfs_the_fallback_checks_the_disk_periodically(monke
 
 VENV_TRAINER = """
 import dataclasses, json, sys
-from horizonrl.envs import sandbox_host
+from horizonrl.envs.sandbox import host as sandbox_host
 from horizonrl.envs.sandbox import bwrap_problem, run_python
 res = run_python(sys.argv[1], max_files=300)  # the backend that "auto" picks
 print(json.dumps({"problem": bwrap_problem(), "read_paths": sandbox_host.read_paths(), "prefix": sys.prefix,
@@ -480,7 +481,8 @@ def test_a_killed_trainer_leaves_no_sandbox_process_and_no_temp_dir(backend, san
 def _is_launcher(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"sandbox_child.py" in f.read()
+            cmdline = f.read()
+        return sandbox_host.CHILD.encode() in cmdline or sandbox_host.BWRAP_CHILD.encode() in cmdline
     except OSError:
         return False
 

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 
-from horizonrl.envs import sandbox, sandbox_host
 from horizonrl.envs.sandbox import (
     STATUSES,
     SandboxLimits,
@@ -21,6 +20,8 @@ from horizonrl.envs.sandbox import (
     run_python,
     sandbox_backend,
 )
+from horizonrl.envs.sandbox import host as sandbox_host
+from horizonrl.envs.sandbox import runner as sandbox
 from sandbox_helpers import (  # noqa: F401 (fixtures)
     BWRAP_ONLY,
     backend_fixture,

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from horizonrl.envs import get_env, make_env
-from horizonrl.envs.search import SearchEnv, load_corpus, load_questions
-from horizonrl.envs.search.corpus import BUILTIN_FILES
-from horizonrl.envs.search.embed import DIM, embed
-from horizonrl.envs.search.index import (
+from horizonrl.envs.builtin.search import SearchEnv, load_corpus, load_questions
+from horizonrl.envs.builtin.search.corpus import BUILTIN_FILES
+from horizonrl.envs.builtin.search.embed import DIM, embed
+from horizonrl.envs.builtin.search.index import (
     BM25Index,
     DenseIndex,
     IndexSettings,
@@ -27,7 +27,7 @@ from horizonrl.envs.search.index import (
     default_cache_dir,
     open_index,
 )
-from horizonrl.envs.tools import format_tool_call
+from horizonrl.envs.core.tools import format_tool_call
 from horizonrl.rewards import normalize_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from horizonrl.agents import LoopLimits, run_program
 from horizonrl.agents.registry import AgentSpec, check_agent_params, make_program
 from horizonrl.agents.stepwise import revisit_rate, rollout_states, stepwise_demos
 from horizonrl.envs import get_env
-from horizonrl.envs.tools import format_tool_call
+from horizonrl.envs.core.tools import format_tool_call
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.models import ChatRenderer, load_model_and_tokenizer
 from horizonrl.trajectory import build_rows
@@ -245,7 +245,7 @@ def test_clean_labels_train_noise_steps_on_the_experts_correction(renderer):
     """``sft.labels: clean`` (DART): the same prompts as the executed demos; a noise step's target is
     the noise-free expert's command at that state, replayed here from the executed actions."""
     from horizonrl.config import from_dict
-    from horizonrl.envs.rooms import expert_command
+    from horizonrl.envs.builtin.rooms import expert_command
     from horizonrl.train.recipes import expert_program_rows
 
     def rows(labels):

@@ -24,7 +24,7 @@ from horizonrl.agents.summary import (
 from horizonrl.config import from_dict
 from horizonrl.credit import get_estimator
 from horizonrl.envs import get_env
-from horizonrl.envs.base import StepResult
+from horizonrl.envs.core.base import StepResult
 from horizonrl.inference.base import SamplingParams
 from horizonrl.models import ChatRenderer, train_tokenizer
 from horizonrl.train.recipes import expert_program_rows

@@ -12,8 +12,8 @@ import pytest
 from horizonrl.cli import main
 from horizonrl.config import ConfigError, load_config
 from horizonrl.envs import format_answer, format_tool_call
-from horizonrl.envs.common import split_of
-from horizonrl.envs.taskfile import TaskFileError, TaskFileSpec, load_task_file
+from horizonrl.envs.core.common import split_of
+from horizonrl.envs.core.taskfile import TaskFileError, TaskFileSpec, load_task_file
 from horizonrl.train.rollout.env_setup import env_setup
 
 pytest.importorskip("datasets")
@@ -264,7 +264,7 @@ def test_lookup_needs_its_facts_column(tmp_path):
 
 def test_search_on_file_tasks_uses_its_corpus(tmp_path):
     pytest.importorskip("bm25s")
-    from horizonrl.envs.search import load_corpus
+    from horizonrl.envs.builtin.search import load_corpus
 
     doc = load_corpus("builtin").documents[0]
     rows = [

@@ -9,8 +9,8 @@ from fractions import Fraction
 import pytest
 
 from horizonrl.envs import LookupEnv, make_env
-from horizonrl.envs.calculator import CalcError, calculate, parse_number, safe_eval
-from horizonrl.envs.tools import (
+from horizonrl.envs.builtin.calculator import CalcError, calculate, parse_number, safe_eval
+from horizonrl.envs.core.tools import (
     Tool,
     ToolCall,
     ToolCallError,

@@ -168,7 +168,7 @@ def test_every_data_model_field_has_a_docstring():
     import itertools
     import textwrap
 
-    from horizonrl.envs.base import StepResult
+    from horizonrl.envs.core.base import StepResult
     from horizonrl.trajectory import Group, Row
 
     for cls in (Span, Turn, Segment, Branch, Rollout, Group, Row, StepResult):

@@ -227,7 +227,7 @@ def test_the_gateway_route_records_the_environments_own_rollouts(tiny_model_dir,
                 "save_every": 0,
                 "progress": False,
             },
-            "gateway": {"callable": "horizonrl.envs.verifiers_env:gateway_rollout"},
+            "gateway": {"callable": "horizonrl.envs.hubs.verifiers_env:gateway_rollout"},
         }
     )
     records = make_trainer(cfg).fit()

@@ -1,7 +1,7 @@
 """Tool-call syntaxes of model families: how a call is written, and how a model's text is read.
 
 Inside horizonrl every tool call travels in one *canonical* form, the Hermes block the environments
-parse (:mod:`horizonrl.envs.tools`)::
+parse (:mod:`horizonrl.envs.core.tools`)::
 
     <tool_call>{"name": "search", "arguments": {"query": "Ana"}}</tool_call>
 

@@ -60,8 +60,8 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.summary import SUMMARY_CLOSE, SUMMARY_OPEN
-from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, parse_tool_calls
+from horizonrl.envs.core.base import StepResult
+from horizonrl.envs.core.tools import TOOL_CLOSE, TOOL_OPEN, ToolCallError, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.textparse import cap_text, first_block, strip_blocks
 from horizonrl.trajectory import Span, Turn

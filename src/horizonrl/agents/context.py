@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 from horizonrl.agents.renderer import Renderer
-from horizonrl.envs.base import Env, StepResult, Task
+from horizonrl.envs.core.base import Env, StepResult, Task
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.registry import Registry
 from horizonrl.trajectory import Rollout, Segment, Turn

@@ -21,7 +21,7 @@ drivers, chosen by :class:`DriverOptions` (the trainer builds them from
 
 Between engine calls the synchronous driver runs the programs' environment steps.
 When those wait on another process (environments in Ray actors,
-:mod:`horizonrl.envs.remote`) :attr:`DriverOptions.threads` may be above 1: the ready
+:mod:`horizonrl.envs.core.remote`) :attr:`DriverOptions.threads` may be above 1: the ready
 programs are then resumed in that many threads, one rollout (a root program and
 its subagents) per thread at a time, and their requests are collected in the same
 order as one thread would, so the batches, and with them the samples, are the same.

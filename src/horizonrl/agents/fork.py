@@ -36,8 +36,8 @@ from horizonrl.agents.context import Episode, SubProgram, make_context
 from horizonrl.agents.driver import Program, Spawn
 from horizonrl.agents.react import episode_program, start_episode
 from horizonrl.agents.registry import AgentSpec, register_agent
-from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.tools import (
+from horizonrl.envs.core.base import Env, StepResult, Task
+from horizonrl.envs.core.tools import (
     Tool,
     ToolCall,
     ToolCallError,

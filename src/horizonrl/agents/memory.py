@@ -71,8 +71,8 @@ from horizonrl.agents.summary import (
     token_boundary,
     tool_call_args,
 )
-from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import ToolCall, parse_answer, parse_tool_calls
+from horizonrl.envs.core.base import StepResult
+from horizonrl.envs.core.tools import ToolCall, parse_answer, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.textparse import find_any, first_block
 from horizonrl.trajectory import Span, Turn
@@ -547,7 +547,7 @@ class MemoryContext(MessageManager):
         latest = st.records[completed[-1]]
         fn = self.embed_fn
         if fn is None:
-            from horizonrl.envs.search.embed import embed as fn
+            from horizonrl.envs.builtin.search.embed import embed as fn
         vecs = np.asarray(fn([f"{ep.task.prompt} {latest.action} {latest.observation}", *texts]))
         if vecs.ndim != 2 or vecs.shape[0] != len(texts) + 1:
             raise ValueError(

@@ -63,8 +63,8 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.renderer import Renderer
-from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.tools import ToolCall, parse_tool_calls
+from horizonrl.envs.core.base import Env, StepResult, Task
+from horizonrl.envs.core.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.trajectory import Branch, Rollout, Segment, Turn
 

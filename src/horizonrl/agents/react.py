@@ -31,9 +31,9 @@ from horizonrl.agents.context import (
 )
 from horizonrl.agents.driver import DriverOptions, Generate, Program, drive
 from horizonrl.agents.renderer import Renderer
-from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.episodic import finite_number
-from horizonrl.envs.tools import parse_answer
+from horizonrl.envs.core.base import Env, StepResult, Task
+from horizonrl.envs.core.common import finite_number
+from horizonrl.envs.core.tools import parse_answer
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.trajectory import Rollout, Segment, Turn
 from horizonrl.vocab import Termination

@@ -23,7 +23,7 @@ from horizonrl.agents.context import make_context
 from horizonrl.agents.driver import DriverOptions, Program
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.agents.renderer import Renderer
-from horizonrl.envs.base import Env, Task
+from horizonrl.envs.core.base import Env, Task
 from horizonrl.inference.base import SamplingParams
 from horizonrl.registry import Registry
 

@@ -49,8 +49,8 @@ from horizonrl.agents.driver import Generate, Program
 from horizonrl.agents.react import apply_result
 from horizonrl.agents.registry import AgentSpec, register_agent
 from horizonrl.envs import get_env
-from horizonrl.envs.base import Env, StepResult, Task
-from horizonrl.envs.tools import ToolCall, parse_tool_calls
+from horizonrl.envs.core.base import Env, StepResult, Task
+from horizonrl.envs.core.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import SamplingParams
 from horizonrl.trajectory import Rollout, Segment
 from horizonrl.vocab import Termination

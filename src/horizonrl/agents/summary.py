@@ -47,8 +47,8 @@ from horizonrl.agents.context import (
 from horizonrl.agents.driver import Generate
 from horizonrl.agents.react import LoopLimits
 from horizonrl.agents.renderer import Renderer
-from horizonrl.envs.base import StepResult
-from horizonrl.envs.tools import ToolCall, parse_tool_calls
+from horizonrl.envs.core.base import StepResult
+from horizonrl.envs.core.tools import ToolCall, parse_tool_calls
 from horizonrl.inference.base import Generation, SamplingParams
 from horizonrl.textparse import cap_text, first_block, strip_think
 from horizonrl.trajectory import Span, Turn

@@ -60,7 +60,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from horizonrl.api.scheduler import Job, RowState, Scheduler
 from horizonrl.api.schema import BadRequest, ChatRequest, chat_messages, error_body
-from horizonrl.envs.tools import TOOL_CLOSE, TOOL_OPEN, ToolCall, parse_tool_calls
+from horizonrl.envs.core.tools import TOOL_CLOSE, TOOL_OPEN, ToolCall, parse_tool_calls
 from horizonrl.inference.base import SamplingParams
 from horizonrl.inference.constrain import (
     Constraint,

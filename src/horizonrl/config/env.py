@@ -56,7 +56,7 @@ class EnvConfig(_Section):
                     f"env.imports={self.imports!r}: each entry must be a module name or .py path"
                 )
         if self.tasks is not None:
-            from horizonrl.envs.taskfile import TaskFileError, TaskFileSpec
+            from horizonrl.envs.core.taskfile import TaskFileError, TaskFileSpec
 
             try:
                 TaskFileSpec.from_mapping(self.tasks)

@@ -46,7 +46,7 @@ class ModelConfig(_Section):
     )
     tiny_name_tokens: bool = opt(
         False,
-        "tiny model: add the entity-name pool (horizonrl.envs.names, lookup's `names: pool`) to the "
+        "tiny model: add the entity-name pool (horizonrl.envs.builtin.names, lookup's `names: pool`) to the "
         "tokenizer as whole-word tokens, so each entity is one token",
     )
     seed: int = opt(0, "seed for the tiny model's initialisation and tokenizer corpus", ge=0, le=MAX_SEED)

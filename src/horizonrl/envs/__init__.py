@@ -1,36 +1,47 @@
-"""Environments: the Env protocol, tools, and the built-in synthetic environments.
+"""Environments: the Env protocol, tools, the built-in environments, hub adapters and the sandbox.
 
-Importing this package registers the synthetic ``lookup``, ``rooms`` and ``arithmetic``,
-the real-data ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python``
-(reasoning-gym + sandboxed Python) and ``search`` (local corpus, BM25 / dense) environments,
-``qa`` (single-turn answers to file tasks), ``mcp`` (the tools of a local MCP server), ``gym``
-(any gymnasium-style ``reset``/``step`` text environment, :mod:`horizonrl.envs.gym_text`) and
-``openenv`` (an OpenEnv environment server, :mod:`horizonrl.envs.openenv_client`) and ``verifiers``
-(an environment of the ``verifiers`` hub, :mod:`horizonrl.envs.verifiers_env`).
-User environments subclass :class:`CustomEnv` with ``@tool`` methods (``docs/custom_env.md``)::
+Four wings; a newcomer reads ``core`` and nothing else to write an environment:
+
+- :mod:`horizonrl.envs.core`: the protocol. ``base`` (``Env``, ``Task``, ``StepResult``,
+  ``EnvMessage``), ``tools`` (tool declarations, the parser of tool calls and answers),
+  ``common`` (``ToolEnv``, the turn protocol of tool environments, and knob checks),
+  ``custom`` (``CustomEnv`` and ``@tool``; the ``qa`` environment), ``registry``
+  (``register_env``, ``get_env``), ``taskfile`` (tasks from local files, ``env.tasks``) and
+  ``remote`` (environments in Ray actors). It imports no other wing.
+- :mod:`horizonrl.envs.builtin`: the environments horizonrl ships: the synthetic ``lookup``,
+  ``rooms`` and ``arithmetic`` (with ``calculator`` and the ``names`` pool), and the real-data
+  ``airline`` (τ²-bench), ``household`` (ALFWorld PDDL), ``math_python`` (reasoning-gym +
+  sandboxed Python, ``math_tool``) and ``search`` (local corpus, BM25 / dense).
+- :mod:`horizonrl.envs.hubs`: adapters of environments defined elsewhere: ``gym`` (any
+  gymnasium-style ``reset``/``step`` text environment, ``gym_text``), ``openenv`` (an OpenEnv
+  server, ``openenv_client``), both over one turn protocol (``episodic``), ``mcp`` (the tools of
+  a local MCP server) and ``verifiers`` (an environment of the ``verifiers`` hub, ``verifiers_env``).
+- :mod:`horizonrl.envs.sandbox`: run untrusted Python in a limited process (``run_python``);
+  it knows nothing of environments.
+
+Wings import ``core`` and never each other, except ``builtin.math_tool``, which runs its
+``python`` tool in the sandbox. Importing this package registers every environment above
+(each loads its third-party library on first use). User environments subclass
+:class:`CustomEnv` with ``@tool`` methods (``docs/custom_env.md``)::
 
     from horizonrl.envs import get_env
     env = get_env("lookup")(hops=2)
     tasks = env.tasks(100, seed=0, split="train")
 """
 
-from horizonrl.envs.airline import AirlineEnv
-from horizonrl.envs.arithmetic import ArithmeticEnv
-from horizonrl.envs.base import Env, EnvMessage, StepResult, Task
-from horizonrl.envs.common import ToolEnv
-from horizonrl.envs.custom import CustomEnv, QAEnv, ToolError, tool
-from horizonrl.envs.gym_text import GymTextEnv  # registers "gym"; gymnasium loads only for knob 'id'
-from horizonrl.envs.household import HouseholdEnv  # registers "household"; textworld loads on first use
-from horizonrl.envs.lookup import LookupEnv
-from horizonrl.envs.math_tool import (
-    MathPythonEnv,
-)  # registers "math_python"; reasoning-gym loads on first use
-from horizonrl.envs.mcp import MCPEnv  # registers "mcp"; the mcp SDK loads on first use
-from horizonrl.envs.openenv_client import OpenEnvEnv  # registers "openenv"; openenv-core loads on first use
-from horizonrl.envs.registry import get_env, import_env_modules, list_envs, make_env, register_env
-from horizonrl.envs.rooms import RoomsEnv
-from horizonrl.envs.search import SearchEnv  # registers "search"; bm25s/faiss/torch load on first use
-from horizonrl.envs.tools import (
+# Importing each environment's module registers it; third-party libraries load on first use.
+from horizonrl.envs.builtin.airline import AirlineEnv
+from horizonrl.envs.builtin.arithmetic import ArithmeticEnv
+from horizonrl.envs.builtin.household import HouseholdEnv
+from horizonrl.envs.builtin.lookup import LookupEnv
+from horizonrl.envs.builtin.math_tool import MathPythonEnv
+from horizonrl.envs.builtin.rooms import RoomsEnv
+from horizonrl.envs.builtin.search import SearchEnv
+from horizonrl.envs.core.base import Env, EnvMessage, StepResult, Task
+from horizonrl.envs.core.common import ToolEnv
+from horizonrl.envs.core.custom import CustomEnv, QAEnv, ToolError, tool
+from horizonrl.envs.core.registry import get_env, import_env_modules, list_envs, make_env, register_env
+from horizonrl.envs.core.tools import (
     Tool,
     ToolCall,
     ToolCallError,
@@ -39,7 +50,10 @@ from horizonrl.envs.tools import (
     parse_answer,
     parse_tool_calls,
 )
-from horizonrl.envs.verifiers_env import VerifiersEnv  # registers "verifiers"; verifiers loads on first use
+from horizonrl.envs.hubs.gym_text import GymTextEnv
+from horizonrl.envs.hubs.mcp import MCPEnv
+from horizonrl.envs.hubs.openenv_client import OpenEnvEnv
+from horizonrl.envs.hubs.verifiers_env import VerifiersEnv
 
 __all__ = [
     "AirlineEnv",

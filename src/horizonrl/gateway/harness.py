@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from horizonrl.envs.base import Task
+from horizonrl.envs.core.base import Task
 
 __all__ = ["EpisodeRun", "Harness", "HarnessResult", "resolve_callable"]
 

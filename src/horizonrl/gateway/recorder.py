@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from horizonrl.envs.tools import parse_answer
+from horizonrl.envs.core.tools import parse_answer
 from horizonrl.trajectory import SEGMENT_KINDS, Rollout, Segment, Turn
 from horizonrl.vocab import Termination
 

@@ -16,7 +16,7 @@ import numpy as np
 from horizonrl.agents import LoopLimits, drive
 from horizonrl.agents.registry import AgentSpec, make_program
 from horizonrl.credit import flatten_rollouts
-from horizonrl.envs.base import Env, Task
+from horizonrl.envs.core.base import Env, Task
 from horizonrl.inference.base import Engine, SamplingParams
 from horizonrl.models.chat import CHECK_FIRST_EPISODES
 from horizonrl.train.rollout.progress import EvalProgress, eval_progress_on, watched

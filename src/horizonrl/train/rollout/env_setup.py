@@ -2,9 +2,9 @@
 
 :func:`env_setup` imports the modules of ``env.imports`` (so user environments and rewards
 register), looks up ``env.name``, resolves knobs that need objects (chat endpoints,
-:mod:`horizonrl.train.rollout.env_knobs`), loads ``env.tasks`` (:mod:`horizonrl.envs.taskfile`) and builds
-``env.reward`` (:func:`horizonrl.rewards.make_reward`; the judge's endpoint is checked now, and its
-cache defaults to ``<run dir>/judge_cache.jsonl``). Every problem is a
+:mod:`horizonrl.train.rollout.env_knobs`), loads ``env.tasks`` (:mod:`horizonrl.envs.core.taskfile`)
+and builds ``env.reward`` (:func:`horizonrl.rewards.make_reward`; the judge's endpoint is checked now,
+and its cache defaults to ``<run dir>/judge_cache.jsonl``). Every problem is a
 :class:`~horizonrl.config.ConfigError` naming the field, raised before any model is loaded.
 Trainers and recipes take tasks from :meth:`EnvSetup.tasks` and environments from
 :meth:`EnvSetup.make`.
@@ -20,7 +20,7 @@ from typing import Any
 
 from horizonrl.config import ConfigError, EnvConfig
 from horizonrl.envs import Env, Task, get_env, import_env_modules
-from horizonrl.envs.taskfile import TaskFileError, TaskFileSpec, load_task_file
+from horizonrl.envs.core.taskfile import TaskFileError, TaskFileSpec, load_task_file
 from horizonrl.rewards import AnswerReward, RewardConfigError, make_reward
 from horizonrl.train.rollout.env_knobs import resolve_knobs
 from horizonrl.userimport import UserImportError

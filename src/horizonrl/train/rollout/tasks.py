@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from horizonrl.envs.base import Task
+    from horizonrl.envs.core.base import Task
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@
 - ``backend: ray``: ``num_engine_replicas`` replicas of ``inference.engine`` as Ray
   actors behind one :class:`~horizonrl.inference.ray_engine.RayEngine`, and, with
   ``num_env_workers > 0``, the environments chosen by ``env_actors`` in
-  environment-worker actors (:class:`~horizonrl.envs.remote.EnvPool`); the driver
+  environment-worker actors (:class:`~horizonrl.envs.core.remote.EnvPool`); the driver
   then resumes agent programs in ``num_env_workers`` threads so their environment
   steps overlap.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from horizonrl.agents.driver import DriverOptions
 from horizonrl.agents.scheduler import supports_async
 from horizonrl.envs import get_env
-from horizonrl.envs.remote import EnvPool, runs_remotely
+from horizonrl.envs.core.remote import EnvPool, runs_remotely
 from horizonrl.errors import ConfigError
 from horizonrl.inference import make_engine
 from horizonrl.inference.base import EngineWrapper, Generation, MappedStream

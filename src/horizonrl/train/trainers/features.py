@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # names for the annotations only: this module imports no torc
     from transformers import PreTrainedTokenizerBase
 
     from horizonrl.config import RunConfig
-    from horizonrl.envs.base import Task
+    from horizonrl.envs.core.base import Task
     from horizonrl.inference import Engine
     from horizonrl.models.chat import ChatRenderer
 

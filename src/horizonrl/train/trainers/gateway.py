@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from horizonrl.config import ConfigError, RunConfig
-from horizonrl.envs.base import Task
+from horizonrl.envs.core.base import Task
 from horizonrl.gateway import Gateway, ServerThread
 from horizonrl.gateway.harness import EpisodeRun, Harness, HarnessResult, resolve_callable
 from horizonrl.inference import SamplingParams

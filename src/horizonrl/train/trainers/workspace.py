@@ -71,8 +71,8 @@ from horizonrl.world import init_world
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from horizonrl.envs.base import Env, Task
-    from horizonrl.envs.remote import EnvPool
+    from horizonrl.envs.core.base import Env, Task
+    from horizonrl.envs.core.remote import EnvPool
     from horizonrl.inference import Engine
     from horizonrl.models.chat import ChatRenderer
     from horizonrl.train.rollout.env_setup import EnvSetup

@@ -19,7 +19,7 @@ import torch
 
 from horizonrl.config import ConfigError, ModelConfig
 from horizonrl.envs import get_env
-from horizonrl.envs.base import Env, Task
+from horizonrl.envs.core.base import Env, Task
 from horizonrl.errors import DataError
 from horizonrl.jsonl import read_jsonl
 from horizonrl.train.warmstart.pretrain import copy_accuracy, copy_converged, copy_pretrain
@@ -138,7 +138,7 @@ def tokenizer_corpus(*, seed: int, per_env: int = 150) -> Iterator[str]:
 def build_tiny(cfg: ModelConfig, out_dir: str | Path):
     """Train the tokenizer, build the randomly initialised tiny model, give it a brief
     in-context copy pretraining (:mod:`horizonrl.train.warmstart.pretrain`), save both to ``out_dir``."""
-    from horizonrl.envs.names import ENTITY_NAMES
+    from horizonrl.envs.builtin.names import ENTITY_NAMES
     from horizonrl.models import TinyModelConfig, build_tiny_model, save_model_and_tokenizer, train_tokenizer
 
     words = ENTITY_NAMES if cfg.tiny_name_tokens else ()

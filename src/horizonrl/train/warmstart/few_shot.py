@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from horizonrl.envs.tools import ToolCall, parse_tool_calls
+from horizonrl.envs.core.tools import ToolCall, parse_tool_calls
 from horizonrl.errors import ConfigError
 from horizonrl.textparse import iter_blocks
 from horizonrl.tool_formats import TOOL_CLOSE, TOOL_OPEN
