@@ -245,6 +245,40 @@ class ECHOParams:
     """In [0, 1] (released ``ECHO_NEG_PENALTY_RATIO``; 0 is the paper): a rollout with ``A < 0`` gets
     ``neg_penalty * A`` on every generated token; needs ``sign_rule="positive"``."""
 
+    def __post_init__(self) -> None:
+        if self.sign_rule not in SIGN_RULES:
+            raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {self.sign_rule!r}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 (population std) or 1 (sample std), got {self.std_ddof!r}")
+        if self.overlong not in OVERLONG_RULES:
+            raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {self.overlong!r}")
+        if self.credit not in CREDIT_RULES:
+            raise ValueError(f"credit must be one of {CREDIT_RULES}, got {self.credit!r}")
+        if self.graph_aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"graph_aggregation must be one of {AGGREGATIONS}, got {self.graph_aggregation!r}"
+            )
+        for name, v in (
+            ("gamma_turn", self.gamma_turn),
+            ("gamma_segment", self.gamma_segment),
+            ("neg_penalty", self.neg_penalty),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
+        if self.graph_clip is not None and (
+            isinstance(self.graph_clip, bool)
+            or not isinstance(self.graph_clip, int | float)
+            or self.graph_clip <= 0
+        ):
+            raise ValueError(f"graph_clip must be a positive number or null, got {self.graph_clip!r}")
+        if self.neg_penalty > 0 and self.sign_rule != "positive":
+            raise ValueError(
+                "neg_penalty > 0 adds the dense negative update to the positive rule; "
+                "use sign_rule='positive'"
+            )
+        if self.graph_version not in GRAPH_VERSIONS:
+            raise ValueError(f"graph_version must be one of {GRAPH_VERSIONS}, got {self.graph_version!r}")
+
 
 @register_estimator("echo", loss_agg_mode="token-mean", params=ECHOParams)
 def echo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
@@ -281,33 +315,6 @@ def echo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     :class:`ECHOParams`.
     """
     p = ECHOParams(**params)
-    if p.sign_rule not in SIGN_RULES:
-        raise ValueError(f"sign_rule must be one of {SIGN_RULES}, got {p.sign_rule!r}")
-    if p.std_ddof not in (0, 1):
-        raise ValueError(f"std_ddof must be 0 (population std) or 1 (sample std), got {p.std_ddof!r}")
-    if p.overlong not in OVERLONG_RULES:
-        raise ValueError(f"overlong must be one of {OVERLONG_RULES}, got {p.overlong!r}")
-    if p.credit not in CREDIT_RULES:
-        raise ValueError(f"credit must be one of {CREDIT_RULES}, got {p.credit!r}")
-    if p.graph_aggregation not in AGGREGATIONS:
-        raise ValueError(f"graph_aggregation must be one of {AGGREGATIONS}, got {p.graph_aggregation!r}")
-    for name, v in (
-        ("gamma_turn", p.gamma_turn),
-        ("gamma_segment", p.gamma_segment),
-        ("neg_penalty", p.neg_penalty),
-    ):
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
-            raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
-    if p.graph_clip is not None and (
-        isinstance(p.graph_clip, bool) or not isinstance(p.graph_clip, int | float) or p.graph_clip <= 0
-    ):
-        raise ValueError(f"graph_clip must be a positive number or null, got {p.graph_clip!r}")
-    if p.neg_penalty > 0 and p.sign_rule != "positive":
-        raise ValueError(
-            "neg_penalty > 0 adds the dense negative update to the positive rule; use sign_rule='positive'"
-        )
-    if p.graph_version not in GRAPH_VERSIONS:
-        raise ValueError(f"graph_version must be one of {GRAPH_VERSIONS}, got {p.graph_version!r}")
     graph = {
         "gamma_turn": p.gamma_turn,
         "gamma_segment": p.gamma_segment,
