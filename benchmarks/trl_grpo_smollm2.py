@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -114,20 +115,25 @@ def _config_path() -> str:
 
 
 def _child(name: str, args) -> dict:
+    if args.mem_limit_gb > 0:  # past it an allocation fails in this process, before the OOM killer picks one
+        limit = int(args.mem_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import torch
 
     torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="horizonrl-bench-trl-smollm2-"))
     library, settings = ROWS[name]
-    if library == "horizonrl":
-        _patch_examples()
-        out = horizonrl_run(work, args, [*_overrides(args), *settings], config=_config_path())
-    else:
-        rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in prompts(args)]
-        rows = rows * (args.steps + 1)  # one batch a step, the same prompts every step
-        kw = {**settings, "dtype": getattr(torch, settings["dtype"])}
-        out = trl_run(CACHE, work, args, rows, **kw)
+    with tempfile.TemporaryDirectory(prefix="horizonrl-bench-trl-smollm2-") as tmp:
+        if library == "horizonrl":
+            _patch_examples()
+            out = horizonrl_run(Path(tmp), args, [*_overrides(args), *settings], config=_config_path())
+        else:
+            rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in prompts(args)]
+            rows = rows * (args.steps + 1)  # one batch a step, the same prompts every step
+            kw = {**settings, "dtype": getattr(torch, settings["dtype"])}
+            out = trl_run(CACHE, Path(tmp), args, rows, **kw)
     out["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+    status = dict(x.split(":", 1) for x in Path("/proc/self/status").read_text().splitlines() if ":" in x)
+    out["peak_vm_gb"] = round(int(status["VmPeak"].split()[0]) / 2**20, 2)  # what --mem-limit-gb limits
     return out
 
 
@@ -138,10 +144,13 @@ def _run(name: str, argv: list[str]) -> dict:
     )
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])
-    last = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+    lines = proc.stderr.strip().splitlines() or [""]
+    last = next((x for x in reversed(lines) if "Error" in x), lines[-1])[:200]
     if proc.returncode in (-9, 137):
         error = "killed by SIGKILL (the OOM killer?)"
-    elif "DefaultCPUAllocator" in proc.stderr or "out of memory" in proc.stderr.lower():
+    elif any(
+        m in proc.stderr for m in ("DefaultCPUAllocator", "MemoryError", "bad_alloc", "allocate memory")
+    ):
         error = f"out of memory: {last}"
     else:
         error = f"exit {proc.returncode}: {last}"
@@ -158,6 +167,13 @@ def main() -> None:
     ap.add_argument("--few-shot", type=int, default=5, help="expert examples in the shared preamble")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--mem-limit-gb",
+        type=float,
+        default=round(0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        help="address-space limit of each row's process (default 90%% of RAM; 0 = none): a row that needs "
+        "more fails as out of memory instead of being OOM-killed",
+    )
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
