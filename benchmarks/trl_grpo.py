@@ -9,7 +9,8 @@ torch threads. The reward is the same exact-match check of ``<answer>``. Measure
 generated per second of training wall time over ``--steps`` steps after one warm-up step (generation,
 scoring, the update; horizonrl's per-step bookkeeping and TRL's logging included), and the ratio.
 TRL runs with its gradient checkpointing off (``--trl-checkpointing`` turns it on) and without vLLM
-(its ``model.generate`` path). Needs ``trl`` (``pip install -c requirements/lock.txt trl``: 1.16.0)::
+(its ``model.generate`` path). ``trl_grpo_smollm2.py`` runs the same comparison on SmolLM2-135M-Instruct
+with these pieces. Needs ``trl`` (``pip install -c requirements/lock.txt trl``: 1.16.0)::
 
     .venv/bin/python benchmarks/trl_grpo.py [--steps 6] [--json out.json]
 """

@@ -9,7 +9,8 @@ them for SmolLM2; TRL gets that text). Single turn: ``--group`` completions of e
 learning rate, the same exact-match reward on ``<answer>``. Every step draws the same prompts. The examples
 call the tool before answering, so most single-turn completions score 0: this measures speed, not learning.
 
-Rows (each in its own subprocess, ``--threads`` torch threads; a crash or OOM kill is reported as such):
+Rows (each in its own subprocess, ``--threads`` torch threads, its address space limited to
+``--mem-limit-gb``, so a row that runs out of memory fails alone and is reported as such, as is a crash):
 
 - ``horizonrl-bf16``: the packaged ``smollm2_math_python.yaml`` settings (bf16 sampling copy, shared
   static prefix, all rows in one batch, pi_old recomputed with TIS, bf16-autocast update with float32
@@ -185,7 +186,6 @@ def main() -> None:
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         ap.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
-    argv = [a for a in sys.argv[1:] if a != "--json" and a != args.json]
     lengths = [r["tokens"] for r in prompts(args)]
     print(
         f"SmolLM2-135M-Instruct, {args.prompts} prompts ({', '.join(map(str, lengths))} tokens) x "
@@ -195,12 +195,12 @@ def main() -> None:
     )
     res = {}
     for name in names:
-        res[name] = r = _run(name, argv)
+        res[name] = r = _run(name, sys.argv[1:])  # a child writes no --json
         line = r.get("error") or f"{r['tok_s']:7.1f} tok/s {r['seconds'] / r['steps']:7.1f} s/step"
         print(f"  {name:15s} {line}", flush=True)
     trl_ok = [n for n in names if ROWS[n][0] == "trl" and "tok_s" in res[n]]
     best = max(trl_ok, key=lambda n: res[n]["tok_s"]) if trl_ok else None
-    print(f"\n{'row':15s} {'tok/s':>7s} {'s/step':>7s} {'peak GB':>7s}  x{best or 'TRL (none ran)'}")
+    print(f"\n{'row':15s} {'tok/s':>7s} {'s/step':>7s} {'RSS GB':>7s}  vs {best or 'TRL (none ran)'}")
     for name in names:
         r = res[name]
         if "error" in r:
