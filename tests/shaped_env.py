@@ -7,9 +7,9 @@ Imported by the distributed/Ray tests and by the torchrun worker script ``dist_r
 
 from __future__ import annotations
 
-from horizonrl.envs.builtin.arithmetic import ArithmeticEnv
-from horizonrl.envs.core.base import StepResult
-from horizonrl.envs.core.registry import register_env
+# the package's public names: tests/test_async_rollout.py also imports this module under the sources of an
+# older commit, whose envs/ had no wings
+from horizonrl.envs import ArithmeticEnv, StepResult, register_env
 
 
 @register_env("arith_shaped")
