@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 from horizonrl.agents.renderer import Renderer
@@ -266,14 +266,21 @@ def context_params_declaration(cls: type[ContextManager]) -> Callable:
     return cls.params_cls if cls.params_cls is not None else cls.__init__
 
 
+def accepted_params(declaration: Callable, skip: tuple[str, ...] = ()) -> list[str]:
+    """The parameter names a params ``declaration`` accepts, in order: a params dataclass's fields, or a
+    function's keyword-capable parameters less ``skip`` (the inputs that are not the user's to set)."""
+    if isinstance(declaration, type) and is_dataclass(declaration):
+        return [f.name for f in fields(declaration)]
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = inspect.signature(declaration).parameters.values()
+    return [p.name for p in params if p.kind in kinds and p.name not in skip]
+
+
 def make_context(name: str, limits: LoopLimits, params: dict[str, Any] | None = None) -> ContextManager:
     """Instantiate the manager ``name``; unknown names or parameters raise ValueError naming them."""
     cls = get_context(name)
     params = dict(params or {})
-    if cls.params_cls is not None:
-        accepted = [f.name for f in fields(cls.params_cls)]
-    else:
-        accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "limits")]
+    accepted = accepted_params(context_params_declaration(cls), skip=("self", "limits"))
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"context manager {name!r} got unknown parameter(s) {unknown}; accepted: {accepted}")

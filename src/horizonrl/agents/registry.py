@@ -14,12 +14,11 @@ registered by their modules, ``fork`` (Mosaic subagent forking) and ``stepwise``
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from horizonrl.agents.context import make_context
+from horizonrl.agents.context import accepted_params, make_context
 from horizonrl.agents.driver import DriverOptions, Program
 from horizonrl.agents.react import LoopLimits, episode_program, start_episode
 from horizonrl.agents.renderer import Renderer
@@ -99,13 +98,9 @@ def agent_params_declaration(name: str) -> Callable:
 
 def check_agent_params(name: str, params: dict[str, Any]) -> None:
     """ValueError naming any ``agent_params`` key the agent kind does not accept."""
-    fn = get_agent(name)
-    if name in AGENT_PARAMS:
-        accepted = [f.name for f in fields(AGENT_PARAMS[name])]
-    else:
-        sig = inspect.signature(fn)
-        accepted = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-        accepted = [p for p in accepted if p not in ("uid", "group_id")]
+    accepted = accepted_params(
+        agent_params_declaration(name), skip=("env", "task", "spec", "uid", "group_id")
+    )
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"agent {name!r} got unknown agent_params {unknown}; accepted: {accepted}")
