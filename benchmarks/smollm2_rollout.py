@@ -10,11 +10,15 @@ setting, so every setting does the same work:
 - ``fp32``: the engine as it was before (float32, no shared prefix, batches of 16);
 - ``+bf16``: sampling from a bfloat16 copy (``inference.params.dtype=bfloat16``);
 - ``+prefix``: the shared static prefix (``inference.params.shared_prefix=true``);
+- ``+prefill``: the engine's prefill fixes (the rows above run without them): the LM head's input made
+  contiguous (bf16 ``F.linear`` on the CPU copied the head's weight per row for a sliced input) and
+  the two-part softmax for prefills of up to 48 queries per row (``sdpa`` copied the prefix per row);
 - ``+batch``: all of a call's rows in one batch (``rollout.max_batch_size`` as the packaged config).
 
 Each setting runs in its own subprocess with ``--threads`` torch threads; generated tokens/s and the ratio
 to ``fp32`` and to ``generate`` are printed. A second part (``--parts step``) times one whole rollout step
-of the packaged config as it is now (its own sampled lengths) for the before/after settings.
+of the packaged config (its own sampled lengths) as it was before (float32), with today's settings but
+without the prefill fixes, and as it is.
 
 Example (about 10 minutes on 2 cores; nothing else should run meanwhile)::
 
@@ -32,12 +36,14 @@ import time
 from importlib import resources
 from pathlib import Path
 
-#: (name, inference.params, max batch size; None = the packaged config's) per replayed setting.
+#: (name, inference.params, max batch size (None = the packaged config's), legacy prefill) per replayed
+#: setting; ``legacy``: the engine before its prefill fixes (:func:`_legacy_prefill`).
 SETTINGS = [
-    ("fp32", {}, 16),
-    ("+bf16", {"dtype": "bfloat16"}, 16),
-    ("+prefix", {"dtype": "bfloat16", "shared_prefix": True}, 16),
-    ("+batch", {"dtype": "bfloat16", "shared_prefix": True}, None),
+    ("fp32", {}, 16, True),
+    ("+bf16", {"dtype": "bfloat16"}, 16, True),
+    ("+prefix", {"dtype": "bfloat16", "shared_prefix": True}, 16, True),
+    ("+prefill", {"dtype": "bfloat16", "shared_prefix": True}, 16, False),
+    ("+batch", {"dtype": "bfloat16", "shared_prefix": True}, None, False),
 ]
 #: The packaged config as it was before (float32 sampling and update, batches of 16, pi_old from the rollout).
 BEFORE = [
@@ -48,6 +54,17 @@ BEFORE = [
     "train.precision=fp32",
     "train.logprob_chunk_tokens=0",
 ]
+
+
+def _legacy_prefill() -> None:
+    """The HF engine before its two prefill fixes: the LM head's input as transformers slices it (a
+    non-contiguous view, which bf16 ``F.linear`` on the CPU expands and copies the head's weight for:
+    ``precision.contiguous_head``), and ``sdpa`` over the expanded prefix for every prefill
+    (``shared_prefix.TWO_PART_MAX_QUERIES``)."""
+    from horizonrl.inference import hf, shared_prefix
+
+    shared_prefix.TWO_PART_MAX_QUERIES = 1
+    hf.contiguous_head = lambda model: None
 
 
 def _config(overrides):
@@ -166,6 +183,8 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(job["threads"])
+        if job.get("legacy"):
+            _legacy_prefill()
         print(json.dumps({"record": _record, "replay": _replay, "step": _step}[job["part"]](job)))
         return
     parts = set(args.parts.split(","))
@@ -182,8 +201,9 @@ def main() -> None:
                 f"rows, mean prompt {mean_prompt:.0f} tokens, {args.threads} threads"
             )
             res = {}
-            for name, params, batch in [("generate", {}, 16), *SETTINGS]:
+            for name, params, batch, legacy in [("generate", {}, 16, False), *SETTINGS]:
                 job = {**base, "part": "replay", "name": name, "params": params, "calls": str(path)}
+                job["legacy"] = legacy
                 r = res[name] = _run({**job, "batch": batch or rec["batch"]})
                 tps = r["tokens"] / r["s"]
                 print(
@@ -199,8 +219,9 @@ def main() -> None:
     if "step" in parts:
         print(f"step: one GRPO step of the packaged config ({args.tasks} tasks x 8), its own sampled lengths")
         res = {}
-        for name, ov in (("before", BEFORE), ("packaged", [])):
-            r = res[name] = _run({**base, "part": "step", "overrides": ov})
+        arms = (("before", BEFORE, True), ("no-fixes", [], True), ("packaged", [], False))
+        for name, ov, legacy in arms:
+            r = res[name] = _run({**base, "part": "step", "overrides": ov, "legacy": legacy})
             print(
                 f"  {name:9s} rollout {r['tokens']:6d} tokens {r['s']:6.1f} s "
                 f"{r['tokens'] / r['s']:6.1f} tok/s  "
@@ -208,11 +229,13 @@ def main() -> None:
                 f"ratio {r['ratio']:.4f}  reward {r['reward']:.3f}",
                 flush=True,
             )
-        a, b = res["before"], res["packaged"]
-        print(
-            f"  packaged / before: rollout x{(b['tokens'] / b['s']) / (a['tokens'] / a['s']):.2f} tok/s, "
-            f"update x{(b['trained'] / b['update_s']) / (a['trained'] / a['update_s']):.2f} trained tok/s"
-        )
+        b = res["packaged"]
+        for name in ("before", "no-fixes"):
+            a = res[name]
+            print(
+                f"  packaged / {name}: rollout x{(b['tokens'] / b['s']) / (a['tokens'] / a['s']):.2f} tok/s, "
+                f"update x{(b['trained'] / b['update_s']) / (a['trained'] / a['update_s']):.2f} trained tok/s"
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Regenerate the generated parts of README.md from the code and from a real run.
 
-    python scripts/update_readme.py                      # config reference + results summary
+    python scripts/update_readme.py                      # config reference, results summary, real model
     python scripts/update_readme.py --quickstart LOG     # also the quickstart output, from a run's log
     python scripts/update_readme.py --quickstart-check LOG   # and the 3-seed check's table
 
@@ -112,6 +112,37 @@ def results_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def real_model_block(name: str = "smollm2", arm: str = "grpo") -> str:
+    """One row per seed of a pretrained-model reproduction (``docs/results/NAME.json``): held-out pass@1
+    at the start (shared) and the end, the gain with that seed's task-bootstrap interval, its wall time."""
+    path = ROOT / "docs" / "results" / f"{name}.json"
+    if not path.exists():
+        return f"not run yet: `horizonrl reproduce {name} --jobs 2`\n"
+    res = json.loads(path.read_text())
+    st = res["setup"]
+    per_seed = ((res.get("gains") or {}).get(arm) or {}).get("per_seed") or []
+    seeds = {x["seed"]: x for x in res["arms"][arm]["seeds"]}
+    lines = [
+        "| seed | start pass@1 | end pass@1 | end − start [95% task-bootstrap CI] | reading | updates "
+        "| wall time (one thread, beside other runs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    start = res["arms"][arm]["start"]["pass@1"]
+    for g in per_seed:
+        b, run = g["bootstrap"], seeds[g["seed"]]
+        gain = f"{b['mean']:+.3f} [{b['lo']:+.3f}, {b['hi']:+.3f}]"
+        lines.append(
+            f"| {g['seed']} | {start:.3f} | {g['end']:.3f} | {gain} "
+            f"| {g['reading']} | {run['updates']} | {run['wall_s'] / 60:.0f} min |"
+        )
+    n = st["eval_tasks"]
+    return (
+        "\n".join(lines)
+        + f"\n\n{n} held-out tasks x {st['eval_samples']} sample at temperature {st['eval_temperature']}, "
+        f"the same draws for the start and every seed ([results page](docs/results/{name}.md)).\n"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quickstart", default=None, help="log of a `horizonrl quickstart` run")
@@ -122,6 +153,8 @@ def main() -> None:
     text = replace_block(text, "trainer-params", trainer_reference())
     if "<!-- results-summary -->" in text:
         text = replace_block(text, "results-summary", results_block())
+    if "<!-- real-model -->" in text:
+        text = replace_block(text, "real-model", real_model_block())
     if args.quickstart:
         with open(args.quickstart, newline="") as f:  # keep the progress bars' carriage returns
             text = replace_block(text, "quickstart-output", quickstart_block(f.read()))

@@ -16,7 +16,7 @@ import reasoning_gym
 
 import horizonrl.envs.builtin.math_tool  # noqa: F401  (registers math_python)
 from horizonrl.envs import format_tool_call, get_env, make_env
-from horizonrl.envs.builtin.math_tool import MathPythonEnv
+from horizonrl.envs.builtin.math_tool import MathPythonEnv, gold_contradicts_question
 from horizonrl.envs.sandbox import sandbox_backend
 
 FAST = {"timeout_s": 5.0, "cpu_s": 2, "memory_mb": 256}
@@ -104,6 +104,41 @@ def test_dataset_config_reaches_reasoning_gym():
             entry["metadata"]["num_terms"] == 2 and task.meta["dataset_config"] == config["basic_arithmetic"]
         )
         assert run_expert(env, task, random.Random(0))[-1][1].success
+
+
+def test_contradicted_answers_are_dropped_and_the_rest_kept():
+    # reasoning-gym 0.1.25's simple path (allow_parentheses: false) scores left to right, ignoring
+    # precedence, and may swap a divisor without changing the question. By hand:
+    def entry(expression, answer):
+        return {"answer": answer, "metadata": {"expression": expression}}
+
+    assert gold_contradicts_question("basic_arithmetic", entry("28 + 37 * 83", "5395"))  # (28+37)*83
+    assert not gold_contradicts_question("basic_arithmetic", entry("28 + 37 * 83", "3099"))
+    assert gold_contradicts_question("basic_arithmetic", entry("13 / 92", "806"))
+    assert not gold_contradicts_question("basic_arithmetic", entry("84 / 7 - 2", "10"))
+    assert not gold_contradicts_question("basic_arithmetic", entry("3/ 4+10", "43/4"))  # random spacing
+    assert not gold_contradicts_question("basic_arithmetic", entry("-(2 - 5) * 4", "12"))
+    assert gold_contradicts_question("basic_arithmetic", entry("2 ** 3", "8"))  # not + - * /: unchecked
+    assert gold_contradicts_question("basic_arithmetic", entry("1 / 0", "1"))
+    assert not gold_contradicts_question("gsm_symbolic", entry("1 + 1", "3"))  # other datasets: not checked
+    config = {
+        "basic_arithmetic": {"min_terms": 2, "max_terms": 3, "max_digits": 3, "allow_parentheses": False}
+    }
+    knobs = {"datasets": ["basic_arithmetic"], "dataset_config": config}
+    kept = MathPythonEnv.make_tasks(60, seed=0, **knobs)
+    for t in kept:  # every kept question's own value is its answer (Python's precedence)
+        expression = t.prompt.removeprefix("Calculate ").removesuffix(".")
+        assert eval(expression) == int(t.answer), t.prompt
+
+    def value(t):
+        try:
+            return eval(t.prompt.removeprefix("Calculate ").removesuffix("."))
+        except ZeroDivisionError:
+            return None
+
+    raw = MathPythonEnv.make_tasks(60, seed=0, drop_contradicted=False, **knobs)
+    wrong = [t for t in raw if value(t) != int(t.answer)]
+    assert len(wrong) >= 10  # ~40 % of this config's entries contradict their question
 
 
 def test_reward_is_the_reasoning_gym_score():
@@ -277,6 +312,7 @@ def test_no_leaked_processes_or_temp_dirs(tmp_path, monkeypatch):
         ("dataset_config", {"gsm_symbolic": {"seed": 3}}),
         ("max_steps", 0),
         ("partial_credit", "yes"),
+        ("drop_contradicted", 1),
         ("timeout_s", 0),
         ("cpu_s", 1.5),
         ("memory_mb", 8),

@@ -122,6 +122,29 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
     assert again["comparisons"][0]["diffs"] == c["diffs"]
 
 
+def test_a_reproduction_without_sft_starts_from_the_base_model(tmp_path):
+    from horizonrl.reproduce.runner import arm_items
+
+    paper = _paper(sft_warm_start=False, arms=(Arm("grpo"),), comparisons=(), seeds=1, budget_tokens=120)
+    assert "train.init=null" in arm_items(paper, Settings(seeds=1), paper.arms[0], 0, Path("x"))
+    settings = Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None)
+    res = reproduce(paper, settings, results_dir=tmp_path / "results")
+    ws = tmp_path / "runs" / "mini" / "warmstart"
+    assert not (ws / "sft").exists()  # no SFT: the gate measured the tiny base model itself
+    assert (ws / "base_model" / "config.json").exists() and "sft_s" not in json.loads(
+        (ws / "warmstart.json").read_text()
+    )
+    run = json.loads((tmp_path / "runs" / "mini" / "grpo" / "seed_0" / "result.json").read_text())
+    assert run["config"]["train"]["init"] is None and run["config"]["model"]["path"] == "tiny"
+    res = json.loads((tmp_path / "results" / "mini.json").read_text())
+    g = res["gains"]["grpo"]
+    end = res["arms"]["grpo"]["seeds"][0]["pass@1"]
+    assert g["per_seed"][0]["end"] == end
+    assert g["per_seed"][0]["bootstrap"]["mean"] == pytest.approx(
+        end - res["arms"]["grpo"]["start"]["pass@1"]
+    )
+
+
 def test_gate_refuses_with_the_measured_value_and_the_knob(tmp_path):
     paper = _paper(gate=(0.99, 1.0), arms=(Arm("grpo"),), comparisons=())
     with pytest.raises(GateError, match=r"warm-start pass@1 .* outside the gate \[0.99, 1.0\].*sft.noise"):
@@ -272,6 +295,25 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
         "| mosaic | – | – | not run yet | – | – | – | – |",
         "| echo | – | – | not run yet | – | – | – | – |",
     ]
+
+
+def test_readme_real_model_block_is_one_row_per_seed(tmp_path, monkeypatch):
+    mod = _update_readme()
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    assert mod.real_model_block().startswith("not run yet")
+    boot = {"mean": 0.125, "lo": 0.05, "hi": 0.2, "n": 128}
+    res = {
+        "setup": {"eval_tasks": 128, "eval_samples": 1, "eval_temperature": 1.0},
+        "arms": {
+            "grpo": {"start": {"pass@1": 0.25}, "seeds": [{"seed": 0, "updates": 24, "wall_s": 3000.0}]}
+        },
+        "gains": {"grpo": {"per_seed": [{"seed": 0, "end": 0.375, "bootstrap": boot, "reading": "rose"}]}},
+    }
+    (tmp_path / "docs" / "results" / "smollm2.json").write_text(json.dumps(res))
+    rows = mod.real_model_block().splitlines()
+    assert rows[2] == "| 0 | 0.250 | 0.375 | +0.125 [+0.050, +0.200] | rose | 24 | 50 min |"
+    assert "128 held-out tasks x 1 sample" in rows[4]
 
 
 def test_readme_quickstart_check_block_is_the_printed_table():

@@ -39,6 +39,10 @@ def test_an_arm_that_rose_by_hand():
     assert g["bootstrap"]["mean"] == pytest.approx(0.55) and g["bootstrap"]["n"] == 20
     assert 0 < g["bootstrap"]["lo"] < 0.55 < g["bootstrap"]["hi"] < 1
     assert g["reading"] == "rose (both CIs above 0)"
+    # Each seed alone: its end minus the start, 0.50 / 0.55 / 0.60, all 20 tasks resampled.
+    assert [x["bootstrap"]["mean"] for x in g["per_seed"]] == pytest.approx([0.50, 0.55, 0.60])
+    assert [x["reading"] for x in g["per_seed"]] == ["rose"] * 3
+    assert "| `a` | 2 | 0.600 | +0.600 [" in gain_table({"a": g})
 
 
 def test_an_arm_that_fell_by_hand():
@@ -56,6 +60,7 @@ def test_both_intervals_must_exclude_zero():
     assert g["t"]["lo"] == g["t"]["hi"] == pytest.approx(0.25)
     assert g["bootstrap"]["lo"] == 0.0
     assert g["reading"] == "no change resolved"
+    assert [x["reading"] for x in g["per_seed"]] == ["not resolved"] * 3  # each seed: the same 32 % draws
     assert arm_gain(_arm([0, 1], [[1, 1]]), eval_samples=1)["reading"] == "one seed: no interval"
 
 

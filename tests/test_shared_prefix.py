@@ -15,6 +15,7 @@ from horizonrl.errors import HorizonWarning
 from horizonrl.inference import HFEngine, SamplingParams, make_engine
 from horizonrl.inference import precision as precision_mod
 from horizonrl.inference.shared_prefix import (
+    TWO_PART_MAX_QUERIES,
     PrefixCache,
     common_prefix_len,
     prefix_attention,
@@ -51,10 +52,10 @@ class _Layer(torch.nn.Module):
         self.layer_idx, self.num_key_value_groups, self.is_causal = idx, groups, True
 
 
-@pytest.mark.parametrize("t", [1, 5])
+@pytest.mark.parametrize("t", [1, 5, TWO_PART_MAX_QUERIES + 2])  # decode, short prefill, sdpa prefill
 def test_prefix_attention_equals_attention_over_the_concatenated_cache(t):
     torch.manual_seed(0)
-    b, hq, hkv, d, plen, s = 3, 6, 2, 8, 7, 9
+    b, hq, hkv, d, plen, s = 3, 6, 2, 8, 7, t + 4
     q = torch.randn(b, hq, t, d)
     k, v = torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
     pk, pv = torch.randn(hkv, plen, d), torch.randn(hkv, plen, d)
@@ -190,6 +191,25 @@ def test_bf16_sampling_copy_follows_the_float32_weights():
     by_fp32 = torch.cat([torch.from_numpy(lp) for lp in HFEngine(model).score(prompts, [x.ids for x in g])])
     torch.testing.assert_close(got, by_bf16, atol=5e-2, rtol=0)  # bf16 rounding of another batch shape
     assert (got - by_bf16).abs().mean() < (got - by_fp32).abs().mean()
+
+
+def test_a_bf16_head_gets_contiguous_inputs_once_and_a_float32_head_none():
+    engine = make_engine(
+        "hf", _qwen(), None, device="cpu", max_batch_size=4, seed=0, params={"dtype": "bfloat16"}
+    )
+    head = engine.model.get_output_embeddings()
+    precision_mod.contiguous_head(engine.model)  # a second call registers nothing more
+    assert len(head._forward_pre_hooks) == 1
+    seen = []
+    head.register_forward_hook(lambda m, args, out: seen.append(args[0].is_contiguous()))
+    hidden = torch.randn(3, 5, 48, dtype=torch.bfloat16)
+    sliced = hidden[:, -1:]  # what transformers hands the head with logits_to_keep=1
+    assert not sliced.is_contiguous()
+    torch.testing.assert_close(head(sliced), head(sliced.contiguous()), atol=0, rtol=0)
+    assert seen == [True, True]
+    fp32 = _qwen()
+    HFEngine(fp32)
+    assert not fp32.get_output_embeddings()._forward_pre_hooks  # float32: the user's model is not touched
 
 
 def test_dtype_errors_and_warning(monkeypatch):

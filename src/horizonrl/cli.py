@@ -435,7 +435,7 @@ def _add_server_commands(sub) -> None:
 def _add_reproduce_command(sub) -> None:
     """``reproduce``: a paper's seeded paired comparison (:mod:`horizonrl.reproduce`)."""
     sp = sub.add_parser("reproduce", help="seeded paired reproduction of a paper's comparison")
-    sp.add_argument("name", nargs="?", default=None, help="rtpo | ccpo | mosaic | echo (omit to list)")
+    sp.add_argument("name", nargs="?", default=None, help="a registered reproduction (omit to list them)")
     sp.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: the paper's own)")
     sp.add_argument("--jobs", type=int, default=1, help="arm-seed runs in parallel (one torch thread each)")
     sp.add_argument("--arms", default=None, help="comma-separated subset of the arms")

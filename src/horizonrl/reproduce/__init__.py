@@ -16,7 +16,7 @@ from typing import Any
 
 # The built-in declarations register into spec.PAPERS here, above both modules: spec knows no paper, and
 # every import of spec (or of anything in this package) runs this first.
-from horizonrl.reproduce import papers  # noqa: F401  (registers the papers)
+from horizonrl.reproduce import papers, pretrained  # noqa: F401  (register the reproductions)
 from horizonrl.reproduce.runner import GateError, Settings, check_gate, plan, run_jobs, warm_start
 from horizonrl.reproduce.spec import (
     Arm,

@@ -14,6 +14,9 @@ seed ``s``'s:
   spread between seeds.
 
 An arm **rose** (or **fell**) only when both intervals exclude 0 on the same side.
+
+Each seed also gets its own ``end(s) - start`` with the task bootstrap of that seed alone
+(``per_seed``): whether *every* seed rose, which a mean over seeds cannot say.
 """
 
 from __future__ import annotations
@@ -51,7 +54,18 @@ def arm_gain(arm: dict[str, Any], eval_samples: int) -> dict[str, Any] | None:
     s0 = np.asarray(start["per_task"], dtype=np.float64) / max(1, eval_samples)
     t = t_interval([x["pass@1"] - start["pass@1"] for x in seeds])
     boot = paired_bootstrap(ends, np.broadcast_to(s0, ends.shape))
-    return {"start": start["pass@1"], "t": vars(t), "bootstrap": vars(boot), "reading": reading(t, boot)}
+    per_seed = []
+    for x, end in zip(seeds, ends, strict=True):
+        b = paired_bootstrap(end[None], s0[None])
+        word = "rose" if b.lo > 0 else "fell" if b.hi < 0 else "not resolved"
+        per_seed.append({"seed": x.get("seed"), "end": x["pass@1"], "bootstrap": vars(b), "reading": word})
+    return {
+        "start": start["pass@1"],
+        "t": vars(t),
+        "bootstrap": vars(boot),
+        "reading": reading(t, boot),
+        "per_seed": per_seed,
+    }
 
 
 def gains(res: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +88,24 @@ def gain_table(arm_gains: dict[str, Any]) -> str:
         "| arm | start pass@1 | mean end − start [95% t-CI over seeds] | task bootstrap 95% CI | reading |\n"
         "|---|---|---|---|---|"
     )
+    seed_rows = [
+        f"| `{name}` | {x['seed']} | {x['end']:.3f} | {x['bootstrap']['mean']:+.3f} "
+        f"[{x['bootstrap']['lo']:+.3f}, {x['bootstrap']['hi']:+.3f}] | {x['reading']} |"
+        for name, g in arm_gains.items()
+        for x in g.get("per_seed") or []
+    ]
+    seed_head = (
+        "| arm | seed | end pass@1 | end − start [task bootstrap 95% CI] | reading |\n|---|---|---|---|---|"
+    )
     return (
         "\n\nLearning over the warm start (end − start pass@1 on the same held-out tasks; the t-interval "
         "holds the start fixed, the task bootstrap carries its sampling noise; an arm rose or fell only "
-        "when both exclude 0):\n\n" + "\n".join([head, *rows])
+        "when both exclude 0):\n\n"
+        + "\n".join([head, *rows])
+        + (
+            "\n\nEach seed on its own (the task bootstrap of that seed's end against the start):\n\n"
+            + "\n".join([seed_head, *seed_rows])
+            if seed_rows
+            else ""
+        )
     )

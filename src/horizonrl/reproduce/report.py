@@ -317,7 +317,8 @@ def write_page(
     (results_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     if not refused:
         plot_curves(res, results_dir / f"{name}_curves.png")
-        plot_diffs(res, results_dir / f"{name}_diffs.png")
+        if res["comparisons"]:
+            plot_diffs(res, results_dir / f"{name}_diffs.png")
     st = res["setup"]
     checks = "\n".join(
         f"| {c.get('scenario') or '–'} | {c['name']} | {c['value']} | {c['target']} | "
@@ -326,8 +327,12 @@ def write_page(
     )
     warm = "\n".join(
         f"- {f'`{s}`: ' if s else ''}**{_fmt(w.get('pass@1'))}** ({w.get('tasks')} tasks x "
-        f"{w.get('samples')} samples; gate {st['gate']}; copy pretraining converged: "
-        f"{(w.get('pretrain') or {}).get('converged')}{_steps(w)})"
+        f"{w.get('samples')} samples; gate {st['gate']}"
+        + (
+            f"; copy pretraining converged: {w['pretrain'].get('converged')}{_steps(w)})"
+            if w.get("pretrain")
+            else ")"
+        )
         for s, w in res["warm_starts"].items()
     )
     check_table = (
@@ -389,14 +394,17 @@ def _results_text(res: dict[str, Any], diag_keys: list[str], seed_keys: Sequence
         per_seed = "\n\nPer arm-seed (each value is the run's mean over its updates):\n\n" + seed_table(
             res, list(seed_keys)
         )
+    paired = (
+        f"Paired differences of end pass@1 (same seed, same tasks):\n\n{comparison_table(res)}"
+        if res["comparisons"]
+        else "No comparisons are declared: the question is only whether each arm learned."
+    )
+    diffs = f"\n![paired differences]({name}_diffs.png)" if res["comparisons"] else ""
     return f"""{arm_table(res, diag_keys)}{per_seed}
 
-Values are mean ± sd over seeds. Paired differences of end pass@1 (same seed, same tasks):
+Values are mean ± sd over seeds. {paired}{metric_table(res)}{gain_table(res.get("gains") or {})}
 
-{comparison_table(res)}{metric_table(res)}{gain_table(res.get("gains") or {})}
-
-![learning curves]({name}_curves.png)
-![paired differences]({name}_diffs.png)
+![learning curves]({name}_curves.png){diffs}
 """
 
 

@@ -106,7 +106,7 @@ def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Pa
         *arm.overrides,
         *eval_items(paper, settings),
         f"train.seed={seed}",
-        f"train.init={ws}",
+        f"train.init={ws}" if paper.sft_warm_start else "train.init=null",
         f"train.out_dir={out_dir}",
         f"train.steps={paper.max_steps}",
         f"train.max_gen_tokens={budget_of(paper, settings)}",
@@ -137,15 +137,21 @@ def warmstart_key(cfg: RunConfig) -> str:
 
 
 def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str, Any]:
-    """Build (or reuse) the shared warm start and measure the gate on the training distribution."""
+    """Build (or reuse) the shared warm start and measure the gate on the training distribution.
+
+    Without an SFT warm start (``paper.sft_warm_start`` false) the start is ``model.path`` itself."""
     from horizonrl.train.recipes import evaluate_model, run_sft
+    from horizonrl.train.warmstart.bootstrap import base_model_dir
 
     root = warmstart_dir(paper, settings, scenario)
     cfg = warmstart_config(paper, settings, scenario)
     key = warmstart_key(cfg)
     meta_path = root / "warmstart.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    if meta.get("key") != key or not (root / "sft" / "config.json").exists():
+    model_dir = root / "sft" if paper.sft_warm_start else base_model_dir(cfg.model, root)
+    if meta.get("key") != key:
+        meta = {"key": key}
+    if paper.sft_warm_start and ("sft_s" not in meta or not (model_dir / "config.json").exists()):
         tag = f" ({scenario})" if scenario else ""
         settings.log(f"[warm start{tag}] SFT on {cfg.sft.demos} expert demonstrations -> {root / 'sft'}")
         t0 = time.perf_counter()
@@ -158,7 +164,7 @@ def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str
         t0 = time.perf_counter()
         m = evaluate_model(
             cfg,
-            root / "sft",
+            model_dir,
             split="train",
             n_tasks=paper.gate_tasks,
             samples=paper.gate_samples,
@@ -173,7 +179,7 @@ def warm_start(paper: Paper, settings: Settings, scenario: str = "") -> dict[str
     if "checks" not in meta and (paper.checks is not None or paper.warm_checks is not None):
         rows = paper.checks(cfg) if paper.checks is not None else []
         if paper.warm_checks is not None:
-            rows = [*rows, *paper.warm_checks(cfg, root / "sft")]
+            rows = [*rows, *paper.warm_checks(cfg, model_dir)]
         meta["checks"] = rows
     root.mkdir(parents=True, exist_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")

@@ -61,6 +61,9 @@ class Paper:
     #: Named regimes with their own warm start (e.g. Mosaic's compaction and forking): each arm names
     #: one; its overrides apply after ``overrides``, and each scenario is gated and checked separately.
     scenarios: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: False: RL starts from ``model.path`` itself (a pretrained model such as ``smollm2``), no SFT
+    #: warm start; the gate then measures that model on the training distribution
+    sft_warm_start: bool = True
     budget_tokens: int = 200_000  # generated tokens per arm-seed
     seeds: int = 5
     eval_tasks: int = 256

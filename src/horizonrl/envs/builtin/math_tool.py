@@ -25,11 +25,14 @@ names another reward, and the expert prints the gold answer, then answers it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import json
 import logging
+import operator
 import random
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -71,6 +74,50 @@ def _config_json(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _exact_value(expression: str) -> Fraction | None:
+    """The exact value of an expression of integers, ``+ - * /``, unary minus and parentheses with
+    Python's precedence (``/`` is true division); ``None`` for anything else or a division by 0."""
+
+    def ev(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            return _ARITH[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError(ast.dump(node))
+
+    try:
+        return ev(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def gold_contradicts_question(name: str, entry: dict[str, Any]) -> bool:
+    """True when a ``basic_arithmetic`` entry's answer is not the value of the expression it shows.
+
+    reasoning-gym 0.1.25's expressions without parentheses (``allow_parentheses: false``) are scored
+    left to right, ignoring precedence (``Calculate 28 + 37 * 83.`` has the answer 5395, not 3099),
+    and a ``/`` step may swap in another divisor, or fall back to ``*``, without changing the question
+    (``Calculate 13 / 92.``: answer 806). In a sample of 2000 such entries with 2-3 terms of up to 3
+    digits, 40 % had an answer that contradicts the question, so a model that computes the question
+    correctly (with the ``python`` tool) is scored wrong. Other datasets are not checked (False).
+    """
+    if name != "basic_arithmetic":
+        return False
+    expression = entry.get("metadata", {}).get("expression")
+    value = _exact_value(expression) if isinstance(expression, str) else None
+    try:
+        gold = Fraction(str(entry["answer"]).strip())
+    except (ValueError, ZeroDivisionError):
+        return True
+    return value is None or value != gold
+
+
 def _wrong(answer: str, rng: random.Random) -> str:
     """A plausible wrong answer: a number shifted by a non-zero offset, else ``not <answer>``."""
     offset = rng.choice([d for d in range(-9, 10) if d])
@@ -92,10 +139,11 @@ class MathPythonEnv(ToolEnv):
     ``dataset_config`` (per-dataset keyword arguments of
     ``reasoning_gym.create_dataset``, e.g. ``{"basic_arithmetic": {"max_terms": 3}}``);
     ``max_steps`` per episode; ``partial_credit`` (reward = the dataset's score, or
-    1/0); the tool's limits ``timeout_s``, ``cpu_s``, ``memory_mb``,
-    ``max_output_chars``, ``max_file_mb``, ``max_disk_mb``, ``max_files``, ``max_procs``,
-    ``max_code_chars`` (see :class:`~horizonrl.envs.sandbox.SandboxLimits`); ``sandbox`` (``auto``,
-    ``bwrap`` or ``rlimit``).
+    1/0); ``drop_contradicted`` (default on: skip ``basic_arithmetic`` entries whose answer is not
+    the value of their question, :func:`gold_contradicts_question`); the tool's limits ``timeout_s``,
+    ``cpu_s``, ``memory_mb``, ``max_output_chars``, ``max_file_mb``, ``max_disk_mb``, ``max_files``,
+    ``max_procs``, ``max_code_chars`` (see :class:`~horizonrl.envs.sandbox.SandboxLimits`); ``sandbox``
+    (``auto``, ``bwrap`` or ``rlimit``).
     """
 
     qa_style: ClassVar[bool] = True
@@ -106,6 +154,7 @@ class MathPythonEnv(ToolEnv):
         "dataset_config": {},
         "max_steps": 6,
         "partial_credit": True,
+        "drop_contradicted": True,
         "sandbox": "auto",
         **_LIMIT_KNOBS,
     }
@@ -147,6 +196,7 @@ class MathPythonEnv(ToolEnv):
         check_int(cls.name, "dataset_seed", knobs["dataset_seed"], 0, 2**31)
         check_int(cls.name, "max_steps", knobs["max_steps"], 1, 100)
         check_bool(cls.name, "partial_credit", knobs["partial_credit"])
+        check_bool(cls.name, "drop_contradicted", knobs["drop_contradicted"])
         config = knobs["dataset_config"]
         if not isinstance(config, dict) or not all(
             k in names and isinstance(v, dict) for k, v in config.items()
@@ -178,6 +228,8 @@ class MathPythonEnv(ToolEnv):
         config = knobs["dataset_config"].get(name, {})
         seed, size = knobs["dataset_seed"], knobs["dataset_size"]
         entry = _entry(name, seed, size, _config_json(config), index)
+        if knobs["drop_contradicted"] and gold_contradicts_question(name, entry):
+            return None
         meta = {
             "dataset": name,
             "index": index,

@@ -250,6 +250,26 @@ def load_policy(cfg: ModelConfig, *, init: str | None, work_dir: str | Path, lor
     return model, tok
 
 
+SMOLLM2_CACHE = Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct"
+
+
+def base_model_dir(cfg: ModelConfig, work_dir: str | Path) -> Path:
+    """The directory holding ``cfg.path``'s weights, built on first use: the tiny model's
+    ``work_dir/base_model``, SmolLM2's converted GGUF cache, or ``cfg.path`` itself."""
+    if cfg.path == "tiny":
+        target = Path(work_dir) / "base_model"
+        if not (target / "config.json").exists():
+            tiny_base(cfg, target)
+        return target
+    if cfg.path == "smollm2":
+        from horizonrl.models import load_smollm2
+
+        if not (SMOLLM2_CACHE / "config.json").exists():
+            load_smollm2(SMOLLM2_CACHE)
+        return SMOLLM2_CACHE
+    return Path(cfg.path)
+
+
 def _load_base(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):
     """``(model, tokenizer, directory the weights came from)`` for :func:`load_policy`."""
     from horizonrl.models import load_model_and_tokenizer, load_smollm2
@@ -265,13 +285,7 @@ def _load_base(cfg: ModelConfig, *, init: str | None, work_dir: str | Path):
 
     if init is not None:
         return load_dir(init)
-    if cfg.path == "tiny":
-        target = Path(work_dir) / "base_model"
-        if not (target / "config.json").exists():
-            tiny_base(cfg, target)
-        return load_dir(target)
     if cfg.path == "smollm2":
-        cache = Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct"
-        model, tok = load_smollm2(cache)
-        return model.to(device=device, dtype=getattr(torch, cfg.dtype)), tok, cache
-    return load_dir(cfg.path)
+        model, tok = load_smollm2(SMOLLM2_CACHE)
+        return model.to(device=device, dtype=getattr(torch, cfg.dtype)), tok, SMOLLM2_CACHE
+    return load_dir(base_model_dir(cfg, work_dir))
