@@ -12,6 +12,7 @@ import pytest
 
 from horizonrl.reproduce import Settings, get_paper, list_papers
 from horizonrl.reproduce.runner import stage_config
+from horizonrl.reproduce.spec import PAPERS
 from horizonrl.train.trainers.checks import check_run
 
 ARMS = [(name, arm.name) for name in list_papers() for arm in get_paper(name).arms]
@@ -58,5 +59,11 @@ def test_declared_regimes_pass_their_expert_checks(paper, scenario):
 @pytest.mark.parametrize("paper", list_papers())
 def test_every_paper_pairs_its_comparisons_over_at_least_five_seeds(paper):
     # Round 3 (issue 27): with 3 seeds a paired t-interval has 2 degrees of freedom (t = 4.30), and none
-    # of the Mosaic or ECHO comparisons resolved; 5 seeds (t = 2.78) is the declared minimum.
-    assert get_paper(paper).seeds >= 5
+    # of the Mosaic or ECHO comparisons resolved; 5 seeds (t = 2.78) is the declared minimum. The
+    # pretrained-model reproductions (reproduce/pretrained.py) are not the papers' comparisons: a learning
+    # run asks only whether each seed rose (issue 44: at least 3 seeds), a demonstration says it is one.
+    p = get_paper(paper)
+    if PAPERS.get(paper).__module__ == "horizonrl.reproduce.pretrained":
+        assert p.title.startswith("Demonstration") or (not p.comparisons and p.seeds >= 3)
+    else:
+        assert p.seeds >= 5

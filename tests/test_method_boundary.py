@@ -46,6 +46,8 @@ ALLOWED = {
     "summary": "SummaryWriter",
     "identity": "an identity map",
     "fork": "Segment.fork_index",
+    # a reproduction named after the model it trains (reproduce/pretrained.py): model.path: smollm2
+    "smollm2": "the SmolLM2 model (model.path), which the smollm2 reproduction trains",
 }
 
 
