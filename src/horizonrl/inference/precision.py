@@ -88,12 +88,7 @@ def contiguous_head(model: torch.nn.Module) -> None:
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     weight = getattr(head, "weight", None)
-    if (
-        head is None
-        or weight is None
-        or weight.dtype == torch.float32
-        or getattr(head, "_hz_contiguous", False)
-    ):
+    if head is None or weight is None or weight.dtype == torch.float32:
         return
-    head.register_forward_pre_hook(_contiguous_input)
-    head._hz_contiguous = True
+    if not any(h is _contiguous_input for h in head._forward_pre_hooks.values()):
+        head.register_forward_pre_hook(_contiguous_input)
