@@ -13,12 +13,15 @@ setting, so every setting does the same work:
 - ``+prefill``: the engine's prefill fixes (the rows above run without them): the LM head's input made
   contiguous (bf16 ``F.linear`` on the CPU copied the head's weight per row for a sliced input) and
   the two-part softmax for prefills of up to 48 queries per row (``sdpa`` copied the prefix per row);
+- ``+packed``: the bf16 copy's linear layers with weights pre-packed in oneDNN's layout
+  (``precision.pack_linears``; the rows above reorder every weight on every call);
 - ``+batch``: all of a call's rows in one batch (``rollout.max_batch_size`` as the packaged config).
 
 Each setting runs in its own subprocess with ``--threads`` torch threads; generated tokens/s and the ratio
 to ``fp32`` and to ``generate`` are printed. A second part (``--parts step``) times one whole rollout step
-of the packaged config (its own sampled lengths) as it was before (float32), with today's settings but
-without the prefill fixes, and as it is.
+of the packaged config (its own sampled lengths) as it was before (float32), with the bf16 copy and shared
+prefix as they first landed (no prefill fixes, no packed weights), and as it is. ``--docs FILE`` writes
+what was printed into FILE's ``<!-- smollm2-rollout -->`` block (docs/models.md).
 
 Example (about 10 minutes on 2 cores; nothing else should run meanwhile)::
 
@@ -36,14 +39,18 @@ import time
 from importlib import resources
 from pathlib import Path
 
-#: (name, inference.params, max batch size (None = the packaged config's), legacy prefill) per replayed
-#: setting; ``legacy``: the engine before its prefill fixes (:func:`_legacy_prefill`).
+#: The engine's speed-ups that :func:`_without` can turn off, so earlier rows measure the engine before them.
+FIXES = ("prefill", "packed")
+_BF16 = {"dtype": "bfloat16", "shared_prefix": True}
+#: (name, inference.params, max batch size (None = the packaged config's), fixes turned off) per replayed
+#: setting.
 SETTINGS = [
-    ("fp32", {}, 16, True),
-    ("+bf16", {"dtype": "bfloat16"}, 16, True),
-    ("+prefix", {"dtype": "bfloat16", "shared_prefix": True}, 16, True),
-    ("+prefill", {"dtype": "bfloat16", "shared_prefix": True}, 16, False),
-    ("+batch", {"dtype": "bfloat16", "shared_prefix": True}, None, False),
+    ("fp32", {}, 16, FIXES),
+    ("+bf16", {"dtype": "bfloat16"}, 16, FIXES),
+    ("+prefix", _BF16, 16, FIXES),
+    ("+prefill", _BF16, 16, ("packed",)),
+    ("+packed", _BF16, 16, ()),
+    ("+batch", _BF16, None, ()),
 ]
 #: The packaged config as it was before (float32 sampling and update, batches of 16, pi_old from the rollout).
 BEFORE = [
@@ -56,15 +63,19 @@ BEFORE = [
 ]
 
 
-def _legacy_prefill() -> None:
-    """The HF engine before its two prefill fixes: the LM head's input as transformers slices it (a
-    non-contiguous view, which bf16 ``F.linear`` on the CPU expands and copies the head's weight for:
+def _without(fixes) -> None:
+    """The HF engine before the named speed-ups. ``prefill``: the LM head's input as transformers slices it
+    (a non-contiguous view, which bf16 ``F.linear`` on the CPU expands and copies the head's weight for:
     ``precision.contiguous_head``), and ``sdpa`` over the expanded prefix for every prefill
-    (``shared_prefix.TWO_PART_MAX_QUERIES``)."""
+    (``shared_prefix.TWO_PART_MAX_QUERIES``). ``packed``: the linear layers through ``F.linear``, which
+    reorders each bf16 weight on every call (``precision.pack_linears``)."""
     from horizonrl.inference import hf, shared_prefix
 
-    shared_prefix.TWO_PART_MAX_QUERIES = 1
-    hf.contiguous_head = lambda model: None
+    if "prefill" in fixes:
+        shared_prefix.TWO_PART_MAX_QUERIES = 1
+        hf.contiguous_head = lambda model: None
+    if "packed" in fixes:
+        hf.pack_linears = lambda model: 0
 
 
 def _config(overrides):
@@ -171,11 +182,29 @@ def _run(job: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _emit(lines: list[str], text: str) -> None:
+    print(text, flush=True)
+    lines.append(text)
+
+
+def write_docs(path: Path, lines: list[str], command: str) -> None:
+    """Replace the ``<!-- smollm2-rollout -->`` block of ``path`` with ``command`` and the printed
+    ``lines``."""
+    start, end = "<!-- smollm2-rollout -->", "<!-- /smollm2-rollout -->"
+    text = path.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"--docs {path}: no {start} ... {end} block to replace")
+    body = "\n".join([start, f"`{command}`:", "", "```", *lines, "```", end])
+    head, rest = text.split(start, 1)
+    path.write_text(head + body + rest.split(end, 1)[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="replay,step", help="comma-separated: replay, step")
     ap.add_argument("--tasks", type=int, default=2, help="tasks of the recorded step (x 8 episodes)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--docs", type=Path, default=None, help="write the output into this file's block")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -183,12 +212,12 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(job["threads"])
-        if job.get("legacy"):
-            _legacy_prefill()
+        _without(job.get("without", ()))
         print(json.dumps({"record": _record, "replay": _replay, "step": _step}[job["part"]](job)))
         return
     parts = set(args.parts.split(","))
     base = {"tasks": args.tasks, "threads": args.threads}
+    out: list[str] = []
     if "replay" in parts:
         with tempfile.TemporaryDirectory() as tmp:
             rec = _run({**base, "part": "record"})
@@ -196,46 +225,51 @@ def main() -> None:
             path.write_text(json.dumps(rec["calls"]))
             rows = sum(len(c["prompts"]) for c in rec["calls"])
             mean_prompt = sum(len(p) for c in rec["calls"] for p in c["prompts"]) / rows
-            print(
+            _emit(
+                out,
                 f"replay: {len(rec['calls'])} generation calls of one step ({args.tasks} tasks x 8), {rows} "
-                f"rows, mean prompt {mean_prompt:.0f} tokens, {args.threads} threads"
+                f"rows, mean prompt {mean_prompt:.0f} tokens, {args.threads} threads",
             )
             res = {}
-            for name, params, batch, legacy in [("generate", {}, 16, False), *SETTINGS]:
+            for name, params, batch, without in [("generate", {}, 16, ()), *SETTINGS]:
                 job = {**base, "part": "replay", "name": name, "params": params, "calls": str(path)}
-                job["legacy"] = legacy
-                r = res[name] = _run({**job, "batch": batch or rec["batch"]})
+                r = res[name] = _run({**job, "batch": batch or rec["batch"], "without": list(without)})
                 tps = r["tokens"] / r["s"]
-                print(
+                ratios = [
+                    (ref, res[ref]["tokens"] / res[ref]["s"]) for ref in ("fp32", "generate") if ref in res
+                ]
+                _emit(
+                    out,
                     f"  {name:9s} {r['tokens']:6d} tokens {r['s']:7.1f} s {tps:7.1f} tok/s   "
-                    + (
-                        f"x{tps / (res['fp32']['tokens'] / res['fp32']['s']):.2f} fp32  "
-                        if "fp32" in res
-                        else ""
-                    )
-                    + f"x{tps / (res['generate']['tokens'] / res['generate']['s']):.2f} generate",
-                    flush=True,
+                    + "  ".join(f"x{tps / ref_tps:.2f} {ref}" for ref, ref_tps in ratios),
                 )
     if "step" in parts:
-        print(f"step: one GRPO step of the packaged config ({args.tasks} tasks x 8), its own sampled lengths")
+        _emit(
+            out,
+            f"step: one GRPO step of the packaged config ({args.tasks} tasks x 8), its own sampled lengths",
+        )
         res = {}
-        arms = (("before", BEFORE, True), ("no-fixes", [], True), ("packaged", [], False))
-        for name, ov, legacy in arms:
-            r = res[name] = _run({**base, "part": "step", "overrides": ov, "legacy": legacy})
-            print(
+        arms = (("before", BEFORE, FIXES), ("prefix", [], FIXES), ("packaged", [], ()))
+        for name, ov, without in arms:
+            r = res[name] = _run({**base, "part": "step", "overrides": ov, "without": list(without)})
+            _emit(
+                out,
                 f"  {name:9s} rollout {r['tokens']:6d} tokens {r['s']:6.1f} s "
                 f"{r['tokens'] / r['s']:6.1f} tok/s  "
                 f"update {r['update_s']:6.1f} s ({r['trained'] / r['update_s']:5.0f} trained tok/s)  "
                 f"ratio {r['ratio']:.4f}  reward {r['reward']:.3f}",
-                flush=True,
             )
         b = res["packaged"]
-        for name in ("before", "no-fixes"):
+        for name in ("before", "prefix"):
             a = res[name]
-            print(
-                f"  packaged / {name}: rollout x{(b['tokens'] / b['s']) / (a['tokens'] / a['s']):.2f} tok/s, "
-                f"update x{(b['trained'] / b['update_s']) / (a['trained'] / a['update_s']):.2f} trained tok/s"
+            rollout = (b["tokens"] / b["s"]) / (a["tokens"] / a["s"])
+            update = (b["trained"] / b["update_s"]) / (a["trained"] / a["update_s"])
+            _emit(
+                out, f"  packaged / {name}: rollout x{rollout:.2f} tok/s, update x{update:.2f} trained tok/s"
             )
+    if args.docs is not None:
+        cmd = "PYTHONPATH=src python benchmarks/smollm2_rollout.py"
+        write_docs(args.docs, out, f"{cmd} --parts {args.parts} --threads {args.threads} --docs {args.docs}")
 
 
 if __name__ == "__main__":

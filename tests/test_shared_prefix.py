@@ -4,7 +4,9 @@ float64, and the engine without the feature on the same request seeds."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 import warnings
 
 import pytest
@@ -224,3 +226,64 @@ def test_dtype_errors_and_warning(monkeypatch):
     assert any(
         issubclass(w.category, HorizonWarning) and "slower than float32" in str(w.message) for w in seen
     )
+
+
+def _packed(model):
+    return {
+        m: m.__dict__["forward"]
+        for m in model.modules()
+        if isinstance(m.__dict__.get("forward"), precision_mod._PackedLinear)
+    }
+
+
+@pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
+def test_packed_linears_equal_f_linear_and_follow_the_weights():
+    model = _qwen()
+    engine = make_engine(
+        "hf", model, None, device="cpu", max_batch_size=4, seed=0, params={"dtype": "bfloat16"}
+    )
+    packed = _packed(engine.model)
+    linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert set(packed) == set(linears) and len(linears) == 2 * 7 + 1  # 7 per layer, and the head
+    assert precision_mod.pack_linears(engine.model) == 0  # packed once
+    assert not _packed(model)  # the float32 model the update trains is untouched
+    names = set(engine.model.state_dict())
+    g = torch.Generator().manual_seed(0)
+
+    def check():
+        for m in linears:
+            x = torch.randn(3, 7, m.in_features, generator=g).to(torch.bfloat16)
+            for inp in (x[:, -1:], x[:1, :1], x):  # a sliced (non-contiguous) view, one row, a prefill
+                want = torch.nn.functional.linear(inp, m.weight, m.bias)
+                torch.testing.assert_close(m(inp), want, atol=0, rtol=0)  # the same oneDNN kernel
+
+    check()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-0.5)
+    engine.sync()  # load_state_dict moves the weights' version: the next call repacks
+    check()
+    assert set(engine.model.state_dict()) == names
+    # A copy (deepcopy, pickle) repacks from its own weights; oneDNN's packed tensor is never copied.
+    x = torch.randn(2, 48, dtype=torch.bfloat16)
+    for clone in (copy.deepcopy(engine.model), pickle.loads(pickle.dumps(engine.model))):
+        q, q0 = clone.model.layers[0].self_attn.q_proj, engine.model.model.layers[0].self_attn.q_proj
+        assert q.forward.module is q and q.forward.packed is None
+        torch.testing.assert_close(q(x), q0(x), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
+def test_engine_samples_the_same_tokens_with_and_without_packed_linears(monkeypatch):
+    prompts = _prompts()
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    packed = make_engine(
+        "hf", _qwen(), None, device="cpu", max_batch_size=2, seed=0, params={"dtype": "bfloat16"}
+    )
+    monkeypatch.setattr(precision_mod, "_mkldnn_packing", lambda: False)
+    plain = make_engine(
+        "hf", _qwen(), None, device="cpu", max_batch_size=2, seed=0, params={"dtype": "bfloat16"}
+    )
+    assert _packed(packed.model) and not _packed(plain.model)
+    a = packed.generate(prompts, params, seeds=list(range(5)))
+    b = plain.generate(prompts, params, seeds=list(range(5)))
+    assert [(x.ids, x.logprobs) for x in a] == [(y.ids, y.logprobs) for y in b]  # bit for bit

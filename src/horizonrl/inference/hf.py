@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.hf_stream import HFStream, open_hf_stream
-from horizonrl.inference.precision import contiguous_head, sampling_copy, sampling_dtype
+from horizonrl.inference.precision import contiguous_head, pack_linears, sampling_copy, sampling_dtype
 from horizonrl.inference.seeding import draw_seeds, seeded_uniforms
 from horizonrl.inference.shared_prefix import (
     ATTENTION,
@@ -138,6 +138,7 @@ class HFEngine(Engine):
         cast = sampling_dtype(model, dtype, device)
         if cast is not None:
             self.follow, model = model, sampling_copy(model, cast)
+            pack_linears(model)
         contiguous_head(model)
         self.model = model
         self.tokenizer = tokenizer

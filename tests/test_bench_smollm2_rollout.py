@@ -1,0 +1,44 @@
+"""benchmarks/smollm2_rollout.py writes what it printed into the docs block it names, and nothing else."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "smollm2_rollout.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("smollm2_rollout", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_write_docs_replaces_only_the_block(tmp_path):
+    doc = tmp_path / "models.md"
+    doc.write_text("before\n<!-- smollm2-rollout -->\nold table\n<!-- /smollm2-rollout -->\nafter\n")
+    _bench().write_docs(doc, ["replay: 1 call", "  fp32  10 tok/s"], "python bench.py --docs x")
+    assert doc.read_text() == (
+        "before\n<!-- smollm2-rollout -->\n`python bench.py --docs x`:\n\n```\nreplay: 1 call\n"
+        "  fp32  10 tok/s\n```\n<!-- /smollm2-rollout -->\nafter\n"
+    )
+
+
+def test_write_docs_without_the_block_says_so(tmp_path):
+    doc = tmp_path / "models.md"
+    doc.write_text("no block here\n")
+    with pytest.raises(SystemExit, match=r"no <!-- smollm2-rollout --> .* block"):
+        _bench().write_docs(doc, ["x"], "cmd")
+    assert doc.read_text() == "no block here\n"
+
+
+def test_every_setting_turns_off_only_known_fixes():
+    bench = _bench()
+    assert {f for *_, without in bench.SETTINGS for f in without} <= set(bench.FIXES)
+    # Each row adds one change to the row before it: the fixes turned off only shrink down the table.
+    offs = [set(without) for *_, without in bench.SETTINGS]
+    assert all(later <= earlier for earlier, later in itertools.pairwise(offs))
