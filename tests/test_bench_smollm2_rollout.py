@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "smollm2_rollout.py"
+from script_module import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("smollm2_rollout", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/smollm2_rollout.py")
 
 
 def test_write_docs_replaces_only_the_block(tmp_path):

@@ -4,20 +4,15 @@ wrong, and (integration) its CPU dry run on the real SmolLM2 weights."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "smollm2_gpu.py"
+from script_module import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("smollm2_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/smollm2_gpu.py")
 
 
 def test_split_and_join_round_trip(tmp_path):
