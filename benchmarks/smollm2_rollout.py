@@ -23,7 +23,7 @@ of the packaged config (its own sampled lengths) as it was before (float32), wit
 prefix as they first landed (no prefill fixes, no packed weights), and as it is. ``--docs FILE`` writes
 what was printed into FILE's ``<!-- smollm2-rollout -->`` block (docs/models.md).
 
-Example (about 10 minutes on 2 cores; nothing else should run meanwhile)::
+Example (about 13 minutes on 2 cores; nothing else should run meanwhile)::
 
     PYTHONPATH=src python benchmarks/smollm2_rollout.py
 """
@@ -38,6 +38,8 @@ import tempfile
 import time
 from importlib import resources
 from pathlib import Path
+
+from docs_block import Printed, write_block
 
 #: The engine's speed-ups that :func:`_without` can turn off, so earlier rows measure the engine before them.
 FIXES = ("prefill", "packed")
@@ -182,23 +184,6 @@ def _run(job: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _emit(lines: list[str], text: str) -> None:
-    print(text, flush=True)
-    lines.append(text)
-
-
-def write_docs(path: Path, lines: list[str], command: str) -> None:
-    """Replace the ``<!-- smollm2-rollout -->`` block of ``path`` with ``command`` and the printed
-    ``lines``."""
-    start, end = "<!-- smollm2-rollout -->", "<!-- /smollm2-rollout -->"
-    text = path.read_text()
-    if start not in text or end not in text:
-        raise SystemExit(f"--docs {path}: no {start} ... {end} block to replace")
-    body = "\n".join([start, f"`{command}`:", "", "```", *lines, "```", end])
-    head, rest = text.split(start, 1)
-    path.write_text(head + body + rest.split(end, 1)[1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="replay,step", help="comma-separated: replay, step")
@@ -217,7 +202,7 @@ def main() -> None:
         return
     parts = set(args.parts.split(","))
     base = {"tasks": args.tasks, "threads": args.threads}
-    out: list[str] = []
+    emit = Printed()
     if "replay" in parts:
         with tempfile.TemporaryDirectory() as tmp:
             rec = _run({**base, "part": "record"})
@@ -225,8 +210,7 @@ def main() -> None:
             path.write_text(json.dumps(rec["calls"]))
             rows = sum(len(c["prompts"]) for c in rec["calls"])
             mean_prompt = sum(len(p) for c in rec["calls"] for p in c["prompts"]) / rows
-            _emit(
-                out,
+            emit(
                 f"replay: {len(rec['calls'])} generation calls of one step ({args.tasks} tasks x 8), {rows} "
                 f"rows, mean prompt {mean_prompt:.0f} tokens, {args.threads} threads",
             )
@@ -238,22 +222,19 @@ def main() -> None:
                 ratios = [
                     (ref, res[ref]["tokens"] / res[ref]["s"]) for ref in ("fp32", "generate") if ref in res
                 ]
-                _emit(
-                    out,
+                emit(
                     f"  {name:9s} {r['tokens']:6d} tokens {r['s']:7.1f} s {tps:7.1f} tok/s   "
                     + "  ".join(f"x{tps / ref_tps:.2f} {ref}" for ref, ref_tps in ratios),
                 )
     if "step" in parts:
-        _emit(
-            out,
+        emit(
             f"step: one GRPO step of the packaged config ({args.tasks} tasks x 8), its own sampled lengths",
         )
         res = {}
         arms = (("before", BEFORE, FIXES), ("prefix", [], FIXES), ("packaged", [], ()))
         for name, ov, without in arms:
             r = res[name] = _run({**base, "part": "step", "overrides": ov, "without": list(without)})
-            _emit(
-                out,
+            emit(
                 f"  {name:9s} rollout {r['tokens']:6d} tokens {r['s']:6.1f} s "
                 f"{r['tokens'] / r['s']:6.1f} tok/s  "
                 f"update {r['update_s']:6.1f} s ({r['trained'] / r['update_s']:5.0f} trained tok/s)  "
@@ -264,12 +245,11 @@ def main() -> None:
             a = res[name]
             rollout = (b["tokens"] / b["s"]) / (a["tokens"] / a["s"])
             update = (b["trained"] / b["update_s"]) / (a["trained"] / a["update_s"])
-            _emit(
-                out, f"  packaged / {name}: rollout x{rollout:.2f} tok/s, update x{update:.2f} trained tok/s"
-            )
+            emit(f"  packaged / {name}: rollout x{rollout:.2f} tok/s, update x{update:.2f} trained tok/s")
     if args.docs is not None:
         cmd = "PYTHONPATH=src python benchmarks/smollm2_rollout.py"
-        write_docs(args.docs, out, f"{cmd} --parts {args.parts} --threads {args.threads} --docs {args.docs}")
+        command = f"{cmd} --parts {args.parts} --threads {args.threads} --docs {args.docs}"
+        write_block(args.docs, "smollm2-rollout", emit.lines, command)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ peak resident memory, and each row's tokens/s over the fastest TRL row's. The ti
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/trl_grpo_smollm2.py --json smollm2_trl.json
 
+``--docs docs/models.md`` writes what it printed into that page's ``<!-- trl-grpo-smollm2 -->`` block.
+
 A quick end-to-end check: ``--steps 1 --new-tokens 8 --group 4 --prompts 1``.
 """
 
@@ -45,6 +47,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from docs_block import Printed, write_block
 from smollm2_rollout import BEFORE
 from trl_grpo import KNOBS, horizonrl_run, trl_run
 
@@ -177,6 +180,7 @@ def main() -> None:
     )
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--docs", type=Path, default=None, help="write the table into this file's block")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -187,33 +191,38 @@ def main() -> None:
     if unknown:
         ap.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
     lengths = [r["tokens"] for r in prompts(args)]
-    print(
+    emit = Printed()
+    emit(
         f"SmolLM2-135M-Instruct, {args.prompts} prompts ({', '.join(map(str, lengths))} tokens) x "
         f"{args.group} completions of <= {args.new_tokens} tokens, {args.steps} timed steps after a "
-        f"warm-up, {args.threads} threads",
-        flush=True,
+        f"warm-up, {args.threads} threads"
     )
     res = {}
     for name in names:
         res[name] = r = _run(name, sys.argv[1:])  # a child writes no --json
         line = r.get("error") or f"{r['tok_s']:7.1f} tok/s {r['seconds'] / r['steps']:7.1f} s/step"
-        print(f"  {name:15s} {line}", flush=True)
+        emit(f"  {name:15s} {line}")
     trl_ok = [n for n in names if ROWS[n][0] == "trl" and "tok_s" in res[n]]
     best = max(trl_ok, key=lambda n: res[n]["tok_s"]) if trl_ok else None
-    print(f"\n{'row':15s} {'tok/s':>7s} {'s/step':>7s} {'RSS GB':>7s}  vs {best or 'TRL (none ran)'}")
+    emit(f"\n{'row':15s} {'tok/s':>7s} {'s/step':>7s} {'RSS GB':>7s}  vs {best or 'TRL (none ran)'}")
     for name in names:
         r = res[name]
         if "error" in r:
-            print(f"{name:15s} {r['error']}")
+            emit(f"{name:15s} {r['error']}")
             continue
         r["s_per_step"] = round(r["seconds"] / r["steps"], 2)
         r["ratio_to_trl_fastest"] = round(r["tok_s"] / res[best]["tok_s"], 2) if best else None
         ratio = f"{r['ratio_to_trl_fastest']:.2f}x" if best else "-"
-        print(f"{name:15s} {r['tok_s']:7.1f} {r['s_per_step']:7.1f} {r['peak_rss_gb']:7.2f}  {ratio}")
+        emit(f"{name:15s} {r['tok_s']:7.1f} {r['s_per_step']:7.1f} {r['peak_rss_gb']:7.2f}  {ratio}")
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "child")}
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "child", "docs")}
         out = {"settings": {**settings, "prompt_tokens": lengths}, "trl_fastest": best, "rows": res}
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.docs is not None:
+        command = " ".join(
+            [f"OMP_NUM_THREADS={args.threads} .venv/bin/python benchmarks/trl_grpo_smollm2.py", *sys.argv[1:]]
+        )
+        write_block(args.docs, "trl-grpo-smollm2", emit.lines, command)
 
 
 if __name__ == "__main__":

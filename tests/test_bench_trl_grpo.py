@@ -4,19 +4,15 @@ tiny model with the smallest settings: a CPU dry run of the pieces benchmarks/tr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from script_module import load_script
+
 pytest.importorskip("trl")
 
-_spec = importlib.util.spec_from_file_location(
-    "trl_grpo_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "trl_grpo.py"
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_script("benchmarks/trl_grpo.py")
 
 
 def test_both_libraries_time_the_steps_after_the_warm_up(tmp_path):
