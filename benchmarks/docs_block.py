@@ -10,16 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def write_block(path: Path, name: str, lines: list[str], command: str) -> None:
-    """Replace the ``<!-- name -->`` block of ``path`` with ``command`` and ``lines``; refuse (SystemExit
-    naming the block) when ``path`` has no such block, leaving it untouched."""
+def replace_block(text: str, name: str, body: str, where: str = "the page") -> str:
+    """``text`` with what lies between ``<!-- name -->`` and ``<!-- /name -->`` replaced by ``body`` (each
+    marker on its own line); SystemExit naming the block when ``text`` has no such block."""
     start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-    text = path.read_text()
     if start not in text or end not in text.split(start, 1)[1]:
-        raise SystemExit(f"--docs {path}: no {start} ... {end} block to replace")
-    body = "\n".join([start, f"`{command}`:", "", "```", *lines, "```", end])
+        raise SystemExit(f"{where}: no {start} ... {end} block to replace")
     head, rest = text.split(start, 1)
-    path.write_text(head + body + rest.split(end, 1)[1])
+    return head + start + "\n" + body.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
+
+
+def write_block(path: Path, name: str, lines: list[str], command: str) -> None:
+    """Replace the ``<!-- name -->`` block of ``path`` with ``command`` and ``lines`` in a fenced code block;
+    refuse (SystemExit naming the block) when ``path`` has no such block, leaving it untouched."""
+    body = "\n".join([f"`{command}`:", "", "```", *lines, "```"])
+    path.write_text(replace_block(path.read_text(), name, body, where=f"--docs {path}"))
 
 
 class Printed:

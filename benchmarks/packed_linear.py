@@ -61,13 +61,14 @@ def shapes() -> None:
         print(f"  {name:8s} " + "   ".join(cells), flush=True)
 
 
-def decode() -> None:
-    from horizonrl.inference import SamplingParams, make_engine
-    from horizonrl.inference.precision import _PackedLinear
+def smollm2_engine():
+    """The HF engine over SmolLM2-135M-Instruct (real weights) as the packaged config samples: a bf16 copy
+    with the shared prefix, batches of up to 16 rows."""
+    from horizonrl.inference import make_engine
     from horizonrl.models.loading import load_smollm2
 
     model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
-    engine = make_engine(
+    return make_engine(
         "hf",
         model,
         tok,
@@ -76,6 +77,33 @@ def decode() -> None:
         seed=0,
         params={"dtype": "bfloat16", "shared_prefix": True},
     )
+
+
+def shared_prefix_prompts(rows: int, prefix_len: int = 600, seed: int = 0) -> list[list[int]]:
+    """``rows`` prompts of random ids: the same ``prefix_len`` ids, then 20, 22, ... ids of each row's own."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(100, 40000, (prefix_len,), generator=g).tolist()
+    return [prefix + torch.randint(100, 40000, (20 + 2 * i,), generator=g).tolist() for i in range(rows)]
+
+
+def decode_step_ms(engine, prompts: list[list[int]], steps: int) -> float:
+    """Milliseconds of one decode step of ``prompts``: a generation of ``steps`` tokens minus one of 1 (its
+    prefill), over ``steps - 1``."""
+    from horizonrl.inference import SamplingParams
+
+    one = SamplingParams(temperature=1.0, max_new_tokens=1, ignore_eos=True)
+    many = SamplingParams(temperature=1.0, max_new_tokens=steps, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine.generate(prompts, one)
+    t1 = time.perf_counter()
+    engine.generate(prompts, many)
+    return ((time.perf_counter() - t1) - (t1 - t0)) / (steps - 1) * 1e3
+
+
+def decode() -> None:
+    from horizonrl.inference.precision import _PackedLinear
+
+    engine = smollm2_engine()
     packed = {
         m: m.forward for m in engine.model.modules() if isinstance(m.__dict__.get("forward"), _PackedLinear)
     }
@@ -87,27 +115,16 @@ def decode() -> None:
             else:
                 module.__dict__.pop("forward", None)
 
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(100, 40000, (600,), generator=g).tolist()
     steps = 33
     print(
         f"decode: SmolLM2 bf16 copy, shared 600-token prefix, ms per decode step ({steps - 1} steps), "
         "medians of 3"
     )
     for rows in (1, 6, 16):
-        prompts = [
-            prefix + torch.randint(100, 40000, (20 + 2 * i,), generator=g).tolist() for i in range(rows)
-        ]
+        prompts = shared_prefix_prompts(rows)
 
         def step_ms(prompts=prompts) -> float:
-            one = SamplingParams(temperature=1.0, max_new_tokens=1, ignore_eos=True)
-            many = SamplingParams(temperature=1.0, max_new_tokens=steps, ignore_eos=True)
-            t0 = time.perf_counter()
-            engine.generate(prompts, one)
-            t1 = time.perf_counter()
-            engine.generate(prompts, many)
-            t2 = time.perf_counter()
-            return ((t2 - t1) - (t1 - t0)) / (steps - 1) * 1e3
+            return decode_step_ms(engine, prompts, steps)
 
         res: dict[bool, list[float]] = {False: [], True: []}
         for on in (False, True):  # warm-up: the first packed call packs

@@ -242,12 +242,10 @@ def table(results: dict) -> str:
 
 def write_docs(results: dict) -> None:
     """Replace the ``tree-training`` block of docs/scale.md with :func:`table`."""
-    import re
+    from docs_block import replace_block
 
     doc = CONFIGS.parents[2] / "docs" / "scale.md"
-    text = doc.read_text()
-    pat = re.compile(r"(<!-- tree-training -->\n)(.*?)(<!-- /tree-training -->)", re.DOTALL)
-    doc.write_text(pat.sub(lambda m: m.group(1) + table(results) + m.group(3), text))
+    doc.write_text(replace_block(doc.read_text(), "tree-training", table(results), where=str(doc)))
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ def _docs():
     return load_script("benchmarks/docs_block.py")
 
 
-def test_write_docs_replaces_only_the_block(tmp_path):
+def test_write_block_replaces_only_the_block(tmp_path):
     doc = tmp_path / "models.md"
     doc.write_text("before\n<!-- smollm2-rollout -->\nold table\n<!-- /smollm2-rollout -->\nafter\n")
     _docs().write_block(
@@ -30,7 +30,7 @@ def test_write_docs_replaces_only_the_block(tmp_path):
     )
 
 
-def test_write_docs_without_the_block_says_so(tmp_path):
+def test_write_block_without_the_block_says_so(tmp_path):
     doc = tmp_path / "models.md"
     doc.write_text("no block here\n")
     with pytest.raises(SystemExit, match=r"no <!-- smollm2-rollout --> .* block"):

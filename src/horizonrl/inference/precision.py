@@ -116,8 +116,8 @@ class _PackedLinear:
     """
 
     #: Rows the layout is chosen for (oneDNN's hint): a decode step's batch; prefills of hundreds of rows
-    #: run as fast as unpacked (measured at SmolLM2's [1536, 576] on 2 threads: 1.8x at 1 row, 1.7x at
-    #: 6, 1.4x at 16, 1.0x at 768).
+    #: run about as fast as unpacked (SmolLM2's layers, one thread: 1.4-1.7x at 1 row, 1.0-2.0x at 6 or
+    #: 16, 0.7-1.06x at 512, single noisy timings; ``benchmarks/packed_linear.py``).
     ROWS_HINT = 16
 
     def __init__(self, module: torch.nn.Linear) -> None:
