@@ -2,7 +2,8 @@
 the command that measured them, never pasted by hand.
 
 A block is the text between ``<!-- NAME -->`` and ``<!-- /NAME -->``; it becomes the command (in
-backquotes) and the printed lines in a fenced code block.
+backquotes) and the printed lines in a fenced code block. :func:`replace_block` is also how
+``scripts/update_readme.py`` writes the README's generated blocks: one writer for both.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from horizonrl.reproduce import Settings, get_paper, list_papers
-from horizonrl.reproduce.runner import stage_config
+from horizonrl.reproduce.runner import check_tasks, stage_config
 from horizonrl.reproduce.spec import PAPERS
 from horizonrl.train.trainers.checks import check_run
 
@@ -42,6 +42,29 @@ def test_every_declared_arm_passes_the_start_of_run_checks(paper, arm):
     a = p.arm(arm)
     cfg = stage_config(p, Settings(seeds=1), *a.overrides, scenario=a.scenario)
     check_run(cfg)  # raises a ConfigError naming the field (e.g. an estimator parameter it does not take)
+
+
+@pytest.mark.parametrize("paper", list_papers())
+def test_every_declared_paper_can_generate_its_tasks(paper):
+    """Each arm's training and held-out tasks exist (what ``reproduce`` checks before the warm start): the
+    search demonstration once asked for 300 unique training questions where its knobs leave 161, and
+    failed only after 16 minutes of SFT."""
+    check_tasks(get_paper(paper), Settings(seeds=1))
+
+
+def test_too_many_tasks_fail_before_the_warm_start_naming_the_field(tmp_path):
+    from dataclasses import replace
+
+    from horizonrl.config import ConfigError
+    from horizonrl.reproduce import reproduce
+
+    paper = get_paper("smollm2_search_rtpo")
+    too_many = replace(paper, overrides=(*paper.overrides, "env.train_tasks=200"))
+    with pytest.raises(
+        ConfigError, match=r"env\.train_tasks=200.*could only generate 161 unique train tasks"
+    ):
+        reproduce(too_many, Settings(seeds=1, out=tmp_path), results_dir=None)
+    assert not any(tmp_path.rglob("*")), "nothing of a warm start was written"
 
 
 @pytest.mark.parametrize(

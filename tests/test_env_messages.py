@@ -259,3 +259,29 @@ def test_check_tokens_sees_replies_rendered_as_one_joined_message(tiny_tok, monk
     # kept: the second result ("11") after the first; the template closes the first block, opens a second
     assert miss["kept"][:2] == ["1", "1"]
     assert miss["rendered"][:3] == ["</tool_response>", "Ċ", "<tool_response>"]
+    # a template gap, not a tokenization: the text differs and the text metric says so
+    assert miss["same_text"] is False and ep.rollout.env["metrics"]["token_mismatch_text"] == 1.0
+
+
+def test_first_mismatch_tells_a_non_canonical_tokenization_from_a_text_difference(tiny_tok):
+    """The same text split into other tokens (what a model may sample) is ``same_text``; another token
+    in its place is not."""
+    from horizonrl.models.chat import ChatRenderer
+
+    renderer = ChatRenderer(tiny_tok)
+    messages = [{"role": "system", "content": Shelf.system_prompt}, {"role": "user", "content": QUESTION}]
+    fresh = renderer.initial_ids(messages)
+    vocab = tiny_tok.get_vocab()
+    # the first multi-character token whose characters are each a token: split it into them
+    k, pieces = next(
+        (i, [vocab[c] for c in tok])
+        for i, tok in enumerate(tiny_tok.convert_ids_to_tokens(fresh))
+        if len(tok) > 1 and all(c in vocab for c in tok)
+    )
+    split = [*fresh[:k], *pieces, *fresh[k + 1 :]]
+    assert tiny_tok.decode(split) == tiny_tok.decode(fresh) and split != fresh  # same text, other ids
+    miss = renderer.first_mismatch(split, messages)
+    assert miss["position"] == k and miss["same_text"] is True
+    other = next(i for i in pieces if i != fresh[k])  # one character in place of the whole token
+    changed = [*fresh[:k], other, *fresh[k + 1 :]]
+    assert renderer.first_mismatch(changed, messages)["same_text"] is False

@@ -171,7 +171,8 @@ class ContextManager:
         ep.context = list(ep.renderer.initial_ids(ep.messages, tools=ep.tools))
         if ep.renderer.check_tokens:
             ep.state["transcript"] = [dict(m) for m in ep.messages]
-            ep.rollout.env.setdefault("metrics", {})["token_mismatch"] = 0.0
+            metrics = ep.rollout.env.setdefault("metrics", {})
+            metrics["token_mismatch"] = metrics["token_mismatch_text"] = 0.0
 
     def prompt(self, ep: Episode) -> list[int]:
         return ep.context
@@ -230,6 +231,8 @@ def extend_context(ep: Episode, turn: Turn, gen: Generation, result: StepResult)
             if miss is not None:
                 ep.rollout.env["token_mismatch"] = {"turn": ep.agent_turns, **miss}
                 ep.rollout.env["metrics"]["token_mismatch"] = 1.0
+                # a text difference (a template gap), not a non-canonical tokenization of the same text
+                ep.rollout.env["metrics"]["token_mismatch_text"] = 0.0 if miss["same_text"] else 1.0
 
 
 C = TypeVar("C", bound=type[ContextManager])

@@ -58,9 +58,10 @@ class RolloutConfig(_Section):
     check_tokens: bool | None = opt(
         None,
         "compare kept prompts with a fresh rendering of the conversation and report the first token "
-        "where they differ (rollout/token_mismatch, a warning; costs one rendering per turn): true every "
-        "episode, false none; unset (the default) the first 8 episodes of a fresh run's first step (group "
-        "trainer), so a template that rewrites earlier turns never trains unreported",
+        "where they differ (rollout/token_mismatch; rollout/token_mismatch_text counts only text "
+        "differences, not a non-canonical tokenization of the same text; a warning; costs one rendering "
+        "per turn): true every episode, false none; unset (the default) the first 8 episodes of a fresh "
+        "run's first step (group trainer), so a template that rewrites earlier turns never trains unreported",
     )
     driver: str = opt(
         "sync",

@@ -427,7 +427,14 @@ class ChatRenderer:
 
     def first_mismatch(self, ids: Sequence[int], messages: Sequence[Message], tools=None) -> dict | None:
         """Where ``ids`` (a kept, incremental context ending in a generation prompt) differ from a fresh
-        rendering of ``messages``: ``{"position", "kept", "rendered"}`` (token strings), or None."""
+        rendering of ``messages``: ``{"position", "kept", "rendered", "same_text"}`` (token strings), or
+        None.
+
+        ``same_text`` is true when both sides decode to the same text from that token on: the model
+        sampled a tokenization of its text other than the one the tokenizer would choose (``'}', '}}'``
+        for ``'}}', '}'``). That difference is benign — the sampled ids are kept and trained on, exactly
+        as they were scored — whereas a text difference is the template rendering the conversation
+        otherwise than the kept context does (a gap worth a report)."""
         fresh = self.initial_ids(messages, tools)
         if list(ids) == fresh:
             return None
@@ -435,16 +442,30 @@ class ChatRenderer:
             (i for i, (a, b) in enumerate(zip(ids, fresh, strict=False)) if a != b), min(len(ids), len(fresh))
         )
         show = self.tokenizer.convert_ids_to_tokens
-        miss = {"position": k, "kept": show(list(ids[k : k + 4])), "rendered": show(list(fresh[k : k + 4]))}
+        text = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+        same = text(list(ids[k:])) == text(list(fresh[k:]))
+        miss = {
+            "position": k,
+            "kept": show(list(ids[k : k + 4])),
+            "rendered": show(list(fresh[k : k + 4])),
+            "same_text": same,
+        }
         if not self._warned_mismatch:  # once per renderer: the metric carries the rest
             self._warned_mismatch = True
+            why = (
+                "the same text tokenized otherwise (the model sampled a non-canonical tokenization; "
+                "training uses the sampled ids, so this is benign)"
+                if same
+                else "the text differs: the template renders this conversation otherwise"
+            )
             _LOG.warning(
                 "token check: a kept prompt differs from the template's rendering of its conversation at "
-                "token %d (kept %s, template %s); rollout/token_mismatch counts such rollouts "
+                "token %d (kept %s, template %s): %s; rollout/token_mismatch counts such rollouts "
                 "(docs/models.md, 'Checking')",
                 k,
                 miss["kept"],
                 miss["rendered"],
+                why,
             )
         return miss
 

@@ -17,7 +17,15 @@ from typing import Any
 # The built-in declarations register into spec.PAPERS here, above both modules: spec knows no paper, and
 # every import of spec (or of anything in this package) runs this first.
 from horizonrl.reproduce import papers, pretrained  # noqa: F401  (register the reproductions)
-from horizonrl.reproduce.runner import GateError, Settings, check_gate, plan, run_jobs, warm_start
+from horizonrl.reproduce.runner import (
+    GateError,
+    Settings,
+    check_gate,
+    check_tasks,
+    plan,
+    run_jobs,
+    warm_start,
+)
 from horizonrl.reproduce.spec import (
     Arm,
     Comparison,
@@ -42,6 +50,8 @@ def reproduce(
 
     log = settings.log
     used = {paper.arm(a).scenario for a in settings.arms} if settings.arms else set(paper.scenario_names())
+    if not report_only:
+        check_tasks(paper, settings)
     metas = {}
     for scenario in (s for s in paper.scenario_names() if s in used):
         meta = warm_start(paper, settings, scenario) if not report_only else _meta(paper, settings, scenario)

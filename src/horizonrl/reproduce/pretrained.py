@@ -83,3 +83,70 @@ def smollm2_rtpo() -> Paper:
             "own weights with the config's three few-shot expert episodes."
         ),
     )
+
+
+#: The search regime of the RTPO demonstration: questions of one or two hops (search, open the page,
+#: search again for a two-hop one, finish: 3 or 5 tool calls), short pages and snippets, no few-shot
+#: examples (the SFT warm start teaches the format; untrained SmolLM2 with two few-shot examples solved
+#: 0 of 128 held-out episodes, docs/models.md).
+SEARCH_REGIME = (
+    "env.knobs.min_hops=1",
+    "env.knobs.max_hops=2",
+    "env.knobs.top_k=3",
+    "env.knobs.snippet_chars=120",
+    "env.knobs.max_page_chars=500",
+    "env.knobs.max_steps=8",
+    "env.train_tasks=160",  # of the 161 training questions of one or two hops (39 are held out)
+    "rollout.max_turns=8",
+    "rollout.max_new_tokens=48",
+    "rollout.context_budget=2048",
+    "rollout.tasks_per_step=2",
+    "optim.lr=2e-5",
+    "optim.warmup_steps=1",
+    "sft.demos=128",
+    "sft.epochs=1",
+    "sft.noise=0.0",
+    "sft.lr=1e-4",
+    "sft.batch_size=8",
+)
+
+
+@register_paper("smollm2_search_rtpo")
+def smollm2_search_rtpo() -> Paper:
+    return _pretrained(
+        name="smollm2_search_rtpo",
+        title="Demonstration: RTPO and GRPO on SmolLM2-135M-Instruct, multi-hop search (one seed)",
+        claim=(
+            "A demonstration, not a comparison: one seed per arm at a matched generation budget shows "
+            "RTPO's trunks, environment snapshots, on-policy siblings and reverse-turn updates running on a "
+            "pretrained model in the search environment, over episodes of three to five tool calls."
+        ),
+        base="smollm2_search",
+        overrides=SEARCH_REGIME,
+        sft_warm_start=True,
+        arms=(
+            Arm("grpo", (), help="GRPO over whole episodes, 2 tasks x 8"),
+            Arm(
+                "rtpo",
+                (
+                    "train.trainer=rtpo",
+                    "train.trainer_params.trunks_per_task=2",
+                    "train.trainer_params.siblings=3",
+                ),
+                help="RTPO: 2 trunks per task, G = 3 at every turn boundary, turns updated in reverse",
+            ),
+        ),
+        comparisons=(Comparison("rtpo", "grpo", "RTPO vs GRPO (one seed: a demonstration)"),),
+        budget_tokens=20_000,
+        max_steps=40,
+        seeds=1,
+        eval_tasks=39,  # every held-out question of one or two hops
+        eval_samples=2,
+        gate_tasks=32,
+        diagnostics=("reward/mean", "train/ratio_geomean"),
+        notes=(
+            "A demonstration with one seed per arm, labelled as one. Both arms start from one SFT warm "
+            "start: SmolLM2-135M-Instruct fine-tuned on 128 clean expert episodes of the training "
+            "questions (one epoch); the held-out questions are other questions over the same corpus."
+        ),
+    )

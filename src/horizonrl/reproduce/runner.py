@@ -275,6 +275,21 @@ def plan(paper: Paper, settings: Settings) -> tuple[list[Job], dict[str, Path]]:
     return jobs, starts
 
 
+def check_tasks(paper: Paper, settings: Settings) -> None:
+    """Generate every arm's training and held-out tasks, so a declaration asking for more unique tasks
+    than its knobs allow fails (a ConfigError naming the field) before the warm start, not after it."""
+    from horizonrl.train.rollout.env_setup import env_setup
+
+    root = settings.root(paper)
+    for arm in [paper.arm(a) for a in settings.arms] if settings.arms else paper.arms:
+        cfg = stage_config(
+            paper, settings, *arm_items(paper, settings, arm, 0, root / "probe"), scenario=arm.scenario
+        )
+        setup = env_setup(cfg.env)
+        for split, n in (("train", cfg.env.train_tasks), ("test", cfg.env.test_tasks)):
+            setup.tasks(n, seed=cfg.env.seed, split=split)
+
+
 def run_jobs(paper: Paper, settings: Settings, jobs: list[Job]) -> None:
     """Run the jobs without a ``result.json``, ``settings.jobs`` at a time, each in its own process."""
     todo = [j for j in jobs if not (j.out_dir / "result.json").exists()]

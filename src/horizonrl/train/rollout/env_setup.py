@@ -57,7 +57,7 @@ class EnvSetup:
             try:
                 return self.cls.make_tasks(n, seed=seed, split=split, **self.knobs)
             except ValueError as e:
-                raise ConfigError(f"env.name={self.name!r}: {e}") from None
+                raise ConfigError(f"env.name={self.name!r} (env.{split}_tasks={n}, env.knobs): {e}") from None
         pool = self.file_tasks[split]
         if not pool:
             raise ConfigError(
