@@ -18,6 +18,34 @@ def _pretrained(**kw) -> Paper:
     return Paper(**{**defaults, **kw})
 
 
+#: The demonstrations' arms: GRPO over whole episodes, and RTPO with 2 trunks per task and 3 siblings.
+RTPO_BESIDE_GRPO = (
+    Arm("grpo", (), help="GRPO over whole episodes, 2 tasks x 8"),
+    Arm(
+        "rtpo",
+        (
+            "train.trainer=rtpo",
+            "train.trainer_params.trunks_per_task=2",
+            "train.trainer_params.siblings=3",
+        ),
+        help="RTPO: 2 trunks per task, G = 3 at every turn boundary, turns updated in reverse",
+    ),
+)
+
+
+def _demonstration(**kw) -> Paper:
+    """RTPO beside GRPO on a pretrained model, one seed per arm: a demonstration, labelled as one."""
+    defaults = dict(
+        arms=RTPO_BESIDE_GRPO,
+        comparisons=(Comparison("rtpo", "grpo", "RTPO vs GRPO (one seed: a demonstration)"),),
+        max_steps=40,
+        seeds=1,
+        gate_tasks=32,
+        diagnostics=("reward/mean", "train/ratio_geomean"),
+    )
+    return _pretrained(**{**defaults, **kw})
+
+
 @register_paper("smollm2")
 def smollm2() -> Paper:
     return _pretrained(
@@ -48,7 +76,7 @@ def smollm2() -> Paper:
 
 @register_paper("smollm2_rtpo")
 def smollm2_rtpo() -> Paper:
-    return _pretrained(
+    return _demonstration(
         name="smollm2_rtpo",
         title="Demonstration: RTPO and GRPO on SmolLM2-135M-Instruct, multi-turn arithmetic (one seed)",
         claim=(
@@ -58,25 +86,8 @@ def smollm2_rtpo() -> Paper:
         ),
         base="smollm2_arithmetic",
         overrides=("rollout.tasks_per_step=2",),
-        arms=(
-            Arm("grpo", (), help="GRPO over whole episodes, 2 tasks x 8"),
-            Arm(
-                "rtpo",
-                (
-                    "train.trainer=rtpo",
-                    "train.trainer_params.trunks_per_task=2",
-                    "train.trainer_params.siblings=3",
-                ),
-                help="RTPO: 2 trunks per task, G = 3 at every turn boundary, turns updated in reverse",
-            ),
-        ),
-        comparisons=(Comparison("rtpo", "grpo", "RTPO vs GRPO (one seed: a demonstration)"),),
         budget_tokens=30_000,
-        max_steps=40,
-        seeds=1,
         eval_tasks=64,
-        gate_tasks=32,
-        diagnostics=("reward/mean", "train/ratio_geomean"),
         notes=(
             "A demonstration with one seed per arm, labelled as one: it shows the method running on real "
             "weights, not which method is better. No SFT: both arms start from SmolLM2-135M-Instruct's "
@@ -113,7 +124,7 @@ SEARCH_REGIME = (
 
 @register_paper("smollm2_search_rtpo")
 def smollm2_search_rtpo() -> Paper:
-    return _pretrained(
+    return _demonstration(
         name="smollm2_search_rtpo",
         title="Demonstration: RTPO and GRPO on SmolLM2-135M-Instruct, multi-hop search (one seed)",
         claim=(
@@ -124,26 +135,9 @@ def smollm2_search_rtpo() -> Paper:
         base="smollm2_search",
         overrides=SEARCH_REGIME,
         sft_warm_start=True,
-        arms=(
-            Arm("grpo", (), help="GRPO over whole episodes, 2 tasks x 8"),
-            Arm(
-                "rtpo",
-                (
-                    "train.trainer=rtpo",
-                    "train.trainer_params.trunks_per_task=2",
-                    "train.trainer_params.siblings=3",
-                ),
-                help="RTPO: 2 trunks per task, G = 3 at every turn boundary, turns updated in reverse",
-            ),
-        ),
-        comparisons=(Comparison("rtpo", "grpo", "RTPO vs GRPO (one seed: a demonstration)"),),
         budget_tokens=20_000,
-        max_steps=40,
-        seeds=1,
         eval_tasks=39,  # every held-out question of one or two hops
         eval_samples=2,
-        gate_tasks=32,
-        diagnostics=("reward/mean", "train/ratio_geomean"),
         notes=(
             "A demonstration with one seed per arm, labelled as one. Both arms start from one SFT warm "
             "start: SmolLM2-135M-Instruct fine-tuned on 128 clean expert episodes of the training "
