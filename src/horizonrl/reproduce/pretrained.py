@@ -1,9 +1,12 @@
 """Reproductions on a pretrained model: does a real model learn through horizonrl?
 
 Unlike the papers' comparisons (:mod:`horizonrl.reproduce.papers`), which start every arm from an SFT
-warm start of the embedded tiny model, these start from the pretrained weights themselves
-(``Paper.sft_warm_start`` false) and ask one question per arm: does held-out pass@1 rise from the
-start (``docs/results/NAME.md``'s learning table, and its per-seed intervals)?
+warm start of the embedded tiny model, these train SmolLM2-135M-Instruct and ask one question per arm:
+does held-out pass@1 rise from the start (``docs/results/NAME.md``'s learning table, and its per-seed
+intervals)? ``smollm2`` and ``smollm2_rtpo`` start from the pretrained weights themselves
+(``Paper.sft_warm_start`` false); ``smollm2_search_rtpo`` from an SFT warm start on expert episodes,
+because the untrained model solves none of its search questions. The two ``*_rtpo`` reproductions are
+demonstrations (one seed per arm), labelled as such in their titles.
 """
 
 from __future__ import annotations
