@@ -357,10 +357,11 @@ def test_results_page_cites_the_options_that_shape_results_not_where_files_go():
         "--set",
         "env.knobs={a: 1}",
         "--force",
+        "--mid-eval",
     ]
     assert (
         _reproduce_command(build_parser().parse_args(argv))
-        == "horizonrl reproduce ccpo --seeds 3 --set sft.epochs=3 --set 'env.knobs={a: 1}' --force"
+        == "horizonrl reproduce ccpo --seeds 3 --set sft.epochs=3 --set 'env.knobs={a: 1}' --mid-eval --force"
     )
 
 

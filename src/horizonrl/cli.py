@@ -109,6 +109,8 @@ def _reproduce_command(args) -> str:
         parts += ["--set", item]
     if args.jobs != 1:
         parts += ["--jobs", str(args.jobs)]
+    if args.mid_eval:  # adds an evaluation to every run: a column of the page and a point of its curves
+        parts.append("--mid-eval")
     if args.force:
         parts.append("--force")
     return shlex.join(parts)
