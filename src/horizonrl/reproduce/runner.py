@@ -248,16 +248,25 @@ class Job:
         )
 
 
+def planned_arms(paper: Paper, settings: Settings) -> list[Arm]:
+    """The arms this invocation runs: ``--arms``, else every declared one."""
+    return [paper.arm(a) for a in settings.arms] if settings.arms else list(paper.arms)
+
+
+def probe_config(paper: Paper, settings: Settings, arm: Arm) -> RunConfig:
+    """``arm``'s config for seed 0 (its output directory a placeholder): what its runs share."""
+    items = arm_items(paper, settings, arm, 0, settings.root(paper) / "probe")
+    return stage_config(paper, settings, *items, scenario=arm.scenario)
+
+
 def plan(paper: Paper, settings: Settings) -> tuple[list[Job], dict[str, Path]]:
     """Every job of the reproduction, and each arm's start-evaluation directory."""
     root = settings.root(paper)
-    arms = [paper.arm(a) for a in settings.arms] if settings.arms else list(paper.arms)
+    arms = planned_arms(paper, settings)
     jobs: list[Job] = []
     starts: dict[str, Path] = {}
     for arm in arms:
-        items = arm_items(paper, settings, arm, 0, root / "probe")
-        probe = stage_config(paper, settings, *items, scenario=arm.scenario)
-        sig = eval_signature(probe)
+        sig = eval_signature(probe_config(paper, settings, arm))
         start_dir = root / "start" / sig
         starts[arm.name] = start_dir
         if not any(j.kind == "start" and j.out_dir == start_dir for j in jobs):
@@ -280,14 +289,16 @@ def check_tasks(paper: Paper, settings: Settings) -> None:
     than its knobs allow fails (a ConfigError naming the field) before the warm start, not after it."""
     from horizonrl.train.rollout.env_setup import env_setup
 
-    root = settings.root(paper)
-    for arm in [paper.arm(a) for a in settings.arms] if settings.arms else paper.arms:
-        cfg = stage_config(
-            paper, settings, *arm_items(paper, settings, arm, 0, root / "probe"), scenario=arm.scenario
-        )
-        setup = env_setup(cfg.env)
-        for split, n in (("train", cfg.env.train_tasks), ("test", cfg.env.test_tasks)):
-            setup.tasks(n, seed=cfg.env.seed, split=split)
+    seen = set()
+    for arm in planned_arms(paper, settings):
+        env = probe_config(paper, settings, arm).env
+        key = repr(env)
+        if key in seen:  # arms that differ only in the method share their tasks
+            continue
+        seen.add(key)
+        setup = env_setup(env)
+        for split, n in (("train", env.train_tasks), ("test", env.test_tasks)):
+            setup.tasks(n, seed=env.seed, split=split)
 
 
 def run_jobs(paper: Paper, settings: Settings, jobs: list[Job]) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.config import ConfigError, RunConfig, load_config, resumable_fields, resume_conflicts
-from horizonrl.errors import DataError, HorizonWarning
+from horizonrl.errors import HorizonWarning
 from horizonrl.jsonl import check_type
 from horizonrl.vocab import ThinkingHistory
 
@@ -217,18 +217,6 @@ def ensure_dir(path: str | Path, field: str) -> Path:
     except PermissionError:
         raise ConfigError(f"{field}={str(path)!r}: permission denied creating the directory") from None
     return p
-
-
-def make_tasks(env_cls, n: int, seed: int, split: str, knobs: dict[str, Any]) -> list:
-    """``env_cls.make_tasks``; an environment's ValueError (e.g. "could not generate n tasks; widen
-    the knobs") becomes a ConfigError naming the env, a DataError (a bad data file) stays one."""
-    try:
-        return env_cls.make_tasks(n, seed=seed, split=split, **knobs)
-    except DataError:
-        raise
-    except ValueError as e:
-        field = "env.train_tasks" if split == "train" else "env.test_tasks"
-        raise ConfigError(f"env.name={env_cls.name!r} ({field}={n}, env.knobs): {e}") from None
 
 
 def check_resume_config(cfg: RunConfig, saved_path: str | Path) -> None:
