@@ -10,9 +10,13 @@ Three parts, each printing what docs/models.md ("What bounds a decode step now")
   ``torch.cat`` (the per-step growth of each row's KV cache, which a preallocated cache would remove);
 - ``compile``: a decode step of 6 rows eager and through ``torch.compile(model.forward, dynamic=True)``
   (inductor's C++ backend), and the seconds compiling and warming up took; both without the packed
-  weights, which inductor cannot lower (it packs weights itself).
+  weights, which inductor cannot lower (it packs weights itself);
+- ``lean``: a decode step of 1, 4 and 16 rows after a 600-token shared prefix through transformers'
+  forward and through the lean step (``inference.params.lean_decode``), medians of 3 alternating runs;
+  ``--docs FILE`` writes them into FILE's ``<!-- smollm2-lean -->`` block (docs/models.md).
 
-Example (``--parts bandwidth,profile`` about 2 minutes; ``compile`` about 9; nothing else should run)::
+Example (``--parts bandwidth,profile`` about 2 minutes; ``compile`` about 9; ``lean`` about 2; nothing else
+should run)::
 
     PYTHONPATH=src python benchmarks/smollm2_decode.py --parts bandwidth,profile,compile
 """
@@ -22,11 +26,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from docs_block import Printed, write_block
 from packed_linear import decode_step_ms, shared_prefix_prompts, smollm2_engine
 
 
@@ -121,12 +128,50 @@ def compiled(threads: int) -> None:
     )
 
 
+def lean(threads: int) -> list[str]:
+    from horizonrl.inference import make_engine
+    from horizonrl.models.loading import load_smollm2
+
+    emit = Printed()
+    torch.set_num_threads(threads)
+    model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
+    engines = {
+        name: make_engine(
+            "hf",
+            model,
+            tok,
+            device="cpu",
+            max_batch_size=16,
+            seed=0,
+            params={"dtype": "bfloat16", "shared_prefix": True, "lean_decode": on},
+        )
+        for name, on in (("transformers", False), ("lean", True))
+    }
+    for rows in (1, 4, 16):
+        prompts = shared_prefix_prompts(rows)
+        ms: dict[str, list[float]] = {name: [] for name in engines}
+        for engine in engines.values():
+            decode_step_ms(engine, prompts, 5)  # warm: the prefix, the packed weights
+        for _ in range(3):
+            for name, engine in engines.items():
+                ms[name].append(decode_step_ms(engine, prompts, 33))
+        a, b = (statistics.median(v) for v in ms.values())
+        emit(
+            f"lean: {rows:2d} rows, {threads} threads: transformers {a:5.1f} ms a step, lean {b:5.1f} ms "
+            f"(x{a / b:.2f})"
+        )
+    return emit.lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--parts", default="bandwidth,profile", help="comma-separated: bandwidth, profile, compile"
+        "--parts", default="bandwidth,profile", help="comma-separated: bandwidth, profile, compile, lean"
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--docs", type=Path, default=None, help="write the lean part's lines into this file's block"
+    )
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     print(f"torch {torch.__version__}", flush=True)
@@ -136,6 +181,13 @@ def main() -> None:
         profile(args.threads)
     if "compile" in parts:
         compiled(args.threads)
+    if "lean" in parts:
+        lines = lean(args.threads)
+        if args.docs is not None:
+            command = (
+                f"PYTHONPATH=src python benchmarks/smollm2_decode.py --parts lean --threads {args.threads}"
+            )
+            write_block(args.docs, "smollm2-lean", lines, f"{command} --docs {args.docs}")
 
 
 if __name__ == "__main__":

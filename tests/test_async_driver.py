@@ -435,11 +435,14 @@ def test_rtpo_trunks_and_siblings_under_the_async_driver(tiny_model_dir, tmp_pat
         assert abs(m["train/ratio_geomean"] - 1.0) < 1e-3
 
 
-def test_hf_stream_gives_each_request_what_generate_gives_it(model_tok):
+@pytest.mark.parametrize("lean", [False, True])
+def test_hf_stream_gives_each_request_what_generate_gives_it(model_tok, lean):
     # Requests join a running batch at different steps, in two lanes (params), with stop strings, top
     # log-probs and different lengths; each must get the tokens and log-probs generate() gives its seed.
+    # With the lean decode step too (its rows join with padding between kept and new columns).
     model, tok = model_tok
-    engine = HFEngine(model, tok, max_batch_size=5)  # over capacity: the first 7 requests come at once
+    engine = HFEngine(model, tok, max_batch_size=5, lean_decode=lean)  # over capacity: 7 requests at once
+    assert (engine._lean is not None) == lean
     lanes = [
         SamplingParams(max_new_tokens=12, temperature=0.7, top_logprobs=2),
         SamplingParams(max_new_tokens=7, top_p=0.9, stop=("a",)),

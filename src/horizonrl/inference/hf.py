@@ -31,7 +31,9 @@ from transformers import DynamicCache
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.hf_stream import HFStream, open_hf_stream
+from horizonrl.inference.lean_decode import LeanDecoder, supports_lean_decode
 from horizonrl.inference.precision import contiguous_head, pack_linears, sampling_copy, sampling_dtype
+from horizonrl.inference.prefix_store import TurnStore, cached_prefill, row_entry
 from horizonrl.inference.seeding import draw_seeds, seeded_uniforms
 from horizonrl.inference.shared_prefix import (
     ATTENTION,
@@ -104,6 +106,13 @@ class HFEngine(Engine):
             to that one copy (:mod:`.shared_prefix`); used when it is at least ``shared_prefix_min``
             tokens and the model supports it.
         shared_prefix_min: the shortest common prefix worth sharing.
+        turn_reuse: in :meth:`generate`, keep every row's KV cache of the call, and prefill a prompt of the
+            next call only past the kept cache it extends the furthest (the round-by-round driver's next
+            turn: prompt, generation and observation; :class:`.prefix_store.TurnStore`). Kept until the
+            next call or a weight change, at most ``turn_reuse_mb`` MB of them (rows past it prefill whole).
+        lean_decode: run decode steps through :class:`.lean_decode.LeanDecoder` (fused projections, fewer
+            ops; the same function up to float rounding) where the model's architecture is covered, else
+            transformers' forward.
         dtype: sample from a copy of ``model`` in this dtype (``"bfloat16"``; :mod:`.precision`) that
             :meth:`sync` refreshes from ``model``; None samples from ``model`` itself.
     """
@@ -127,6 +136,9 @@ class HFEngine(Engine):
         prefix_reuse: bool = True,
         shared_prefix: bool = False,
         shared_prefix_min: int = 32,
+        turn_reuse: bool = False,
+        turn_reuse_mb: float = 2048.0,
+        lean_decode: bool = False,
         dtype: str | None = None,
     ):
         if max_batch_size < 1:
@@ -149,6 +161,10 @@ class HFEngine(Engine):
         self.shared_prefix = bool(shared_prefix) and supports_shared_prefix(model)
         self.shared_prefix_min = max(1, int(shared_prefix_min))
         self._prefix: PrefixCache | None = None
+        self.turn_reuse = bool(turn_reuse)
+        self.turn_reuse_bytes = float(turn_reuse_mb) * 2**20
+        self._turns: TurnStore | None = None  # the last generate call's row caches (turn_reuse)
+        self._lean = LeanDecoder(model) if lean_decode and supports_lean_decode(model) else None
         eos = as_id_set(getattr(tokenizer, "eos_token_id", None))
         eos |= as_id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         #: Token ids that end a generation (tokenizer + generation config); public, may be replaced.
@@ -196,6 +212,13 @@ class HFEngine(Engine):
             with attention_as(self.model, ATTENTION):
                 logits = self.model(**kwargs, prefix_kv=prefix.kv).logits
         return logits[:, -keep:] if keep else logits
+
+    def _decode(self, tokens, mask, pos, cache, prefix: PrefixCache | None = None) -> torch.Tensor:
+        """Logits ``[B, vocab]`` of one new token per row (``tokens`` ``[B]``, ``mask`` the rows' cache
+        after it), through the lean step where the engine has one, else transformers' forward."""
+        if self._lean is not None:
+            return self._lean.step(tokens, mask, pos, cache, prefix)
+        return self._forward(tokens[:, None], mask, pos, cache, keep=1, prefix=prefix)[:, -1]
 
     def _shared_prefix(self, prompts: Sequence[Sequence[int]]) -> PrefixCache | None:
         """The shared prefix of ``prompts`` (module docstring of :mod:`.shared_prefix`), or None."""
@@ -321,6 +344,11 @@ class HFEngine(Engine):
         results: dict[int, Generation] = {}
         with eval_mode(self.model):
             prefix = self._shared_prefix(prompts)
+            turns = None
+            if self.turn_reuse:  # the last call's caches, matched under the same prefix and weights
+                tag = (prefix, weights_version(self.model))
+                turns, self._turns = self._turns, TurnStore(tag, self.turn_reuse_bytes)
+                turns = turns if turns is not None and turns.fits(tag) else TurnStore(tag)
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 stop_early = None
@@ -331,7 +359,7 @@ class HFEngine(Engine):
                 chunk_seeds = None if seeds is None else [int(seeds[i]) for i in chunk]
                 chunk_done = None if generated is None else [int(generated[i]) for i in chunk]
                 gens = self._generate_chunk(
-                    [prompts[i] for i in chunk], params, stop_early, chunk_seeds, chunk_done, prefix
+                    [prompts[i] for i in chunk], params, stop_early, chunk_seeds, chunk_done, prefix, turns
                 )
                 results.update(zip(chunk, gens, strict=True))
         return [results[i] for i in range(len(prompts))]
@@ -344,19 +372,31 @@ class HFEngine(Engine):
         seeds: list[int] | None = None,
         generated: list[int] | None = None,
         prefix: PrefixCache | None = None,
+        turns: TurnStore | None = None,
     ) -> list[Generation]:
         n = len(prompts)
         matchers = None if params.grammar is None else self._matchers(params.grammar, prompts, generated)
         seed_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
         skip = len(prefix.ids) if prefix is not None else 0
-        ids, mask, pos = left_pad([p[skip:] for p in prompts], self.pad_id, self.device)
-        pos = pos + skip
+        found = [(None, skip)] * n if turns is None else [turns.match(p, skip) for p in prompts]
         cache = self._new_cache()
+        ids, mask, pos = cached_prefill(prompts, found, skip, self.pad_id, self.device, cache)
         logits = self._forward(ids, mask, pos, cache, keep=1, prefix=prefix)[:, -1]
         next_pos = pos[:, -1:] + 1
         out_ids: list[list[int]] = [[] for _ in range(n)]
         reasons = ["length"] * n
         meta: list[dict] = [{} for _ in range(n)]
+        if prefix is not None or turns is not None:  # prompt tokens not prefilled by this call
+            for i, (_, m) in enumerate(found):
+                meta[i]["cached_tokens"] = m
+
+        def keep_caches(batch_rows) -> None:  # the rows' caches, for the next call's prompts (turn_reuse)
+            if self._turns is not None and turns is not None:
+                for r in batch_rows:
+                    i = rows[r]
+                    ids_i = prompts[i] + out_ids[i][:-1]
+                    self._turns.add(row_entry(cache, mask, r, ids_i, skip))
+
         watchers = [StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
         eos = frozenset() if params.ignore_eos else self.eos_ids
         rows = list(range(n))  # batch row -> prompt index
@@ -403,13 +443,15 @@ class HFEngine(Engine):
                 break
             if n_live < len(rows) and (len(rows) - n_live) >= self.compact_fraction * len(rows):
                 keep = [r for r in range(len(rows)) if live[r]]
+                keep_caches(r for r in range(len(rows)) if not live[r])
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
                 tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
                 rows, live = [rows[r] for r in keep], [True] * len(keep)
             mask = torch.cat([mask, ones[: len(rows)]], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_pos, cache, keep=1, prefix=prefix)[:, -1]
+            logits = self._decode(tokens, mask, next_pos, cache, prefix)
             next_pos = next_pos + 1
+        keep_caches(range(len(rows)))
         flat = torch.cat([lp for _, lp in steps]).tolist() if steps else []
         top_lp = torch.cat([t[0] for t in tops]).tolist() if tops else []
         top_ids = torch.cat([t[1] for t in tops]).tolist() if tops else []
@@ -508,7 +550,7 @@ class HFEngine(Engine):
                 state_dict = self.follow.state_dict()
             if state_dict is not None:
                 self.model.load_state_dict(state_dict)
-        self._prefix = None
+        self._prefix = self._turns = None
 
     def state_dict(self) -> Mapping[str, torch.Tensor]:
         """The weights the engine samples from."""

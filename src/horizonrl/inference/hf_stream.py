@@ -36,8 +36,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from horizonrl.inference.base import Generation, QueuedStream, SamplingParams
-from horizonrl.inference.batching import eval_mode, left_pad
-from horizonrl.inference.prefix_store import PrefixEntry, PrefixStore
+from horizonrl.inference.batching import eval_mode
+from horizonrl.inference.prefix_store import PrefixStore, cached_prefill, row_entry
 from horizonrl.inference.seeding import seeded_uniforms
 from horizonrl.inference.stops import StopWatcher
 
@@ -90,18 +90,8 @@ class _Lane:
         ]
         unique = [list(key[0]) for key in first]
         found = [hits[src.index(j)] for j in range(len(first))]
-        width = max(m for _, m in found)
-        ids, mask, pos = left_pad(
-            [p[m:] for p, (_, m) in zip(unique, found, strict=True)], e.pad_id, e.device
-        )
         cache = e._new_cache()
-        if width:
-            kept = torch.tensor([m for _, m in found], device=e.device)
-            for layer in range(len(cache.layers)):
-                cache.update(*_kept(found, layer, width), layer)
-            cols = torch.arange(width, device=e.device)
-            mask = torch.cat([(cols >= width - kept[:, None]).to(mask.dtype), mask], dim=1)
-            pos = pos + kept[:, None]
+        ids, mask, pos = cached_prefill(unique, found, 0, e.pad_id, e.device, cache)
         logits = e._forward(ids, mask, pos, cache, keep=1)[:, -1]
         next_pos = pos[:, -1:] + 1
         index = torch.tensor(src, dtype=torch.long, device=e.device)
@@ -162,7 +152,7 @@ class _Lane:
         if self.rows:
             ones = torch.ones((len(self.rows), 1), dtype=self.mask.dtype, device=self.mask.device)
             self.mask = torch.cat([self.mask, ones], dim=1)
-            self.logits = e._forward(tokens[:, None], self.mask, self.next_pos, self.cache, keep=1)[:, -1]
+            self.logits = e._decode(tokens, self.mask, self.next_pos, self.cache)
             self.next_pos = self.next_pos + 1
         tok = e.tokenizer
         return [
@@ -183,12 +173,9 @@ class _Lane:
         """Put each finished row's cache (its prompt and all generated tokens but the last) in ``store``."""
         for r in done:
             row = self.rows[r]
-            cols = self.mask[r].nonzero().squeeze(-1)
-            ids = row.prompt + row.ids[:-1]
-            if len(cols) != len(ids):  # not a cache of exactly these tokens: keep nothing
-                continue
-            kv = [(layer.keys[r][:, cols], layer.values[r][:, cols]) for layer in self.cache.layers]
-            store.put(row.lineage, ids, kv)
+            entry = row_entry(self.cache, self.mask, r, row.prompt + row.ids[:-1])
+            if entry is not None:
+                store.put(row.lineage, entry.ids, entry.kv)
 
     def _retire(self, keep: list[int]) -> None:
         self.rows = [self.rows[r] for r in keep]
@@ -203,22 +190,6 @@ class _Lane:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
             self.mask = self.mask[:, lead:]
-
-
-def _kept(found: list[tuple[PrefixEntry | None, int]], layer: int, width: int) -> tuple[torch.Tensor, ...]:
-    """Layer ``layer``'s kept keys and values, ``[rows, heads, width, head_dim]``: each row's first ``m``
-    tokens of its entry, left-padded with zeros (all zeros for a row without one)."""
-    ref = next(entry.kv[layer][0] for entry, m in found if entry is not None and m)
-    out = []
-    for part in (0, 1):
-        rows = torch.zeros(
-            (len(found), ref.shape[0], width, ref.shape[2]), dtype=ref.dtype, device=ref.device
-        )
-        for r, (entry, m) in enumerate(found):
-            if entry is not None and m:
-                rows[r, :, width - m :] = entry.kv[layer][part][:, :m]
-        out.append(rows)
-    return tuple(out)
 
 
 def _pad_time(x: torch.Tensor, width: int) -> torch.Tensor:

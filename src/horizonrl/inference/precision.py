@@ -24,7 +24,15 @@ import torch
 
 from horizonrl.errors import HorizonWarning
 
-__all__ = ["contiguous_head", "cpu_has_bf16_units", "pack_linears", "sampling_copy", "sampling_dtype"]
+__all__ = [
+    "contiguous_head",
+    "cpu_has_bf16_units",
+    "pack_linears",
+    "pack_weight",
+    "packed_linear",
+    "sampling_copy",
+    "sampling_dtype",
+]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -95,6 +103,7 @@ def contiguous_head(model: torch.nn.Module) -> None:
         head.register_forward_pre_hook(_contiguous_input)
 
 
+@functools.cache
 def _mkldnn_packing() -> bool:
     """Whether torch was built with oneDNN's linear-weight packing (``torch.ops.mkldnn``)."""
     try:
@@ -103,22 +112,42 @@ def _mkldnn_packing() -> bool:
         return False
 
 
+#: Rows oneDNN's packed layout is chosen for (its hint): a decode step's batch; prefills of hundreds of rows
+#: run about as fast as unpacked (SmolLM2's layers, one thread: 1.4-1.7x at 1 row, 1.0-2.0x at 6 or 16,
+#: 0.7-1.06x at 512, single noisy timings; ``benchmarks/packed_linear.py``).
+PACK_ROWS_HINT = 16
+
+
+def _packs(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and _mkldnn_packing()
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered once into oneDNN's blocked layout for :func:`packed_linear`, where that pays (a
+    bfloat16 weight on the CPU, torch with oneDNN); else ``weight`` itself."""
+    if _packs(weight):
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+    return weight.detach()
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b`` for a weight from :func:`pack_weight` (``F.linear`` where it was left unpacked)."""
+    if _packs(weight):
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 class _PackedLinear:
     """The forward of one ``nn.Linear`` through its weight pre-reordered into oneDNN's blocked layout.
 
     ``F.linear`` in bfloat16 on the CPU hands the weight to oneDNN, which reorders it into its blocked
     layout on every call: for the few rows of a decode step that reorder costs as much as the product.
-    Here it is done once, with ``torch.ops.mkldnn._reorder_linear_weight`` (what inductor's weight
-    freezing does), and redone whenever the weight changes (its storage, or its autograd version counter,
-    which every in-place write moves: :meth:`HFEngine.sync`'s ``load_state_dict``). The product is
+    Here it is done once (:func:`pack_weight`, ``torch.ops.mkldnn._reorder_linear_weight``: what inductor's
+    weight freezing does), and redone whenever the weight changes (its storage, or its autograd version
+    counter, which every in-place write moves: :meth:`HFEngine.sync`'s ``load_state_dict``). The product is
     oneDNN's same kernel, so outputs equal ``F.linear``'s (tests/test_shared_prefix.py checks it, and that
     the engine samples the same tokens with and without).
     """
-
-    #: Rows the layout is chosen for (oneDNN's hint): a decode step's batch; prefills of hundreds of rows
-    #: run about as fast as unpacked (SmolLM2's layers, one thread: 1.4-1.7x at 1 row, 1.0-2.0x at 6 or
-    #: 16, 0.7-1.06x at 512, single noisy timings; ``benchmarks/packed_linear.py``).
-    ROWS_HINT = 16
 
     def __init__(self, module: torch.nn.Linear) -> None:
         self.module = module
@@ -135,11 +164,9 @@ class _PackedLinear:
         w = self.module.weight
         key = (w.data_ptr(), w._version)
         if self.packed is None or self.key != key:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), self.ROWS_HINT)
+            self.packed = pack_weight(w)
             self.key = key
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), self.packed, self.module.bias, "none", [], ""
-        )
+        return packed_linear(x, self.packed, self.module.bias)
 
 
 def pack_linears(model: torch.nn.Module) -> int:

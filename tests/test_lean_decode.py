@@ -1,0 +1,146 @@
+"""The lean decode step (inference/lean_decode.py) against transformers' own forward: the logits of one
+new token after a cache, for Llama (with projection and MLP biases), Qwen2 (qkv biases) and Qwen3
+(per-head norms, a head_dim apart from hidden/heads), with and without the shared prefix; and the engine
+sampling the same tokens with it as without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    DynamicCache,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from horizonrl.inference import HFEngine, SamplingParams
+from horizonrl.inference.lean_decode import LeanDecoder, supports_lean_decode
+from horizonrl.inference.precision import pack_linears, sampling_copy
+
+_COMMON = dict(
+    vocab_size=120,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    eos_token_id=1,
+    pad_token_id=0,
+    initializer_range=0.1,
+)
+
+
+def _model(family: str):
+    torch.manual_seed(0)
+    if family == "llama":
+        cfg = LlamaConfig(**_COMMON, attention_bias=True, mlp_bias=True, tie_word_embeddings=False)
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():  # biases start at zero: make them count
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.1)
+        return model.eval()
+    if family == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**_COMMON, tie_word_embeddings=True)).eval()
+    return Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=16, tie_word_embeddings=True)).eval()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prompts(n=4, shared=40, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    head = torch.randint(2, 120, (shared,), generator=g).tolist()
+    return [head + torch.randint(2, 120, (3 + 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_lean_step_equals_the_full_forward(family):
+    """Prefill a left-padded batch with transformers, take one lean step, and compare with transformers'
+    forward over each row's whole unpadded sequence (a second computation)."""
+    model = _model(family)
+    assert supports_lean_decode(model)
+    seqs = [[5, 9, 17, 3, 44], [8, 2, 61], [7, 7, 30, 31]]
+    nxt = torch.tensor([11, 12, 13])
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
+        got = LeanDecoder(model).step(nxt, mask, pos[:, -1:] + 1, cache)
+        for r, s in enumerate(seqs):
+            want = model(torch.tensor([s + [int(nxt[r])]])).logits[0, -1]
+            torch.testing.assert_close(got[r], want, atol=2e-5, rtol=1e-5)
+    assert cache.layers[0].keys.shape[2] == width + 1  # the step's keys and values went into the cache
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_engine_samples_the_same_tokens_with_the_lean_step(family, shared_prefix):
+    model = _model(family)
+    prompts = _prompts()
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
+    plain = HFEngine(model, max_batch_size=3, shared_prefix=shared_prefix)
+    lean = HFEngine(model, max_batch_size=3, shared_prefix=shared_prefix, lean_decode=True)
+    assert lean._lean is not None and plain._lean is None
+    want = plain.generate(prompts, params, seeds=[3, 4, 5, 6])
+    got = lean.generate(prompts, params, seeds=[3, 4, 5, 6])
+    for a, b in zip(want, got, strict=True):
+        assert a.ids == b.ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+
+
+def test_bf16_lean_step_within_bf16_rounding_and_following_the_weights():
+    """On the engine's bf16 copy with packed weights: the lean step's logits are transformers' bf16 forward's
+    up to bf16 rounding; after the weights change in place the fused weights are rebuilt."""
+    master = _model("qwen2")
+    copy = sampling_copy(master, torch.bfloat16)
+    pack_linears(copy)
+    lean = LeanDecoder(copy)
+    seq = [5, 9, 17, 3, 44, 8]
+
+    def both():
+        cache = DynamicCache(config=copy.config)
+        with torch.no_grad():
+            copy(input_ids=torch.tensor([seq[:-1]]), cache=cache, use_cache=True)
+            got = lean.step(torch.tensor(seq[-1:]), torch.ones(1, len(seq)), torch.tensor([[len(seq) - 1]]), cache)
+            want = master(torch.tensor([seq])).logits[0, -1]
+        return got[0].float(), want
+
+    got, want = both()
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    with torch.no_grad():
+        master.lm_head.weight.mul_(-1.0)  # tied to the embeddings: every logit changes sign
+        copy.load_state_dict(master.state_dict())
+    got2, want2 = both()
+    assert (got2 - want2).abs().max() < 0.05 * want2.abs().max()
+    assert torch.corrcoef(torch.stack([got2, got]))[0, 1] < 0  # not the stale fused weights
+
+
+def test_unsupported_models_keep_transformers_forward():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).eval()
+    assert not supports_lean_decode(gpt2)
+    assert HFEngine(gpt2, lean_decode=True)._lean is None
+    windowed = Qwen2ForCausalLM(
+        Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    )
+    assert not supports_lean_decode(windowed)
+    gelu = LlamaForCausalLM(LlamaConfig(**_COMMON, hidden_act="gelu"))
+    assert not supports_lean_decode(gelu)
+    with pytest.raises(ValueError, match="gpt2"):
+        LeanDecoder(gpt2)
