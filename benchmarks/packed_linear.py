@@ -61,9 +61,9 @@ def shapes() -> None:
         print(f"  {name:8s} " + "   ".join(cells), flush=True)
 
 
-def smollm2_engine():
+def smollm2_engine(**params):
     """The HF engine over SmolLM2-135M-Instruct (real weights) as the packaged config samples: a bf16 copy
-    with the shared prefix, batches of up to 16 rows."""
+    with the shared prefix, batches of up to 16 rows; ``params`` add to its engine parameters."""
     from horizonrl.inference import make_engine
     from horizonrl.models.loading import load_smollm2
 
@@ -75,7 +75,7 @@ def smollm2_engine():
         device="cpu",
         max_batch_size=16,
         seed=0,
-        params={"dtype": "bfloat16", "shared_prefix": True},
+        params={"dtype": "bfloat16", "shared_prefix": True, **params},
     )
 
 

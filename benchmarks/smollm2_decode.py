@@ -129,24 +129,9 @@ def compiled(threads: int) -> None:
 
 
 def lean(threads: int) -> list[str]:
-    from horizonrl.inference import make_engine
-    from horizonrl.models.loading import load_smollm2
-
     emit = Printed()
     torch.set_num_threads(threads)
-    model, tok = load_smollm2(Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct")
-    engines = {
-        name: make_engine(
-            "hf",
-            model,
-            tok,
-            device="cpu",
-            max_batch_size=16,
-            seed=0,
-            params={"dtype": "bfloat16", "shared_prefix": True, "lean_decode": on},
-        )
-        for name, on in (("transformers", False), ("lean", True))
-    }
+    engines = {name: smollm2_engine(lean_decode=on) for name, on in (("transformers", False), ("lean", True))}
     for rows in (1, 4, 16):
         prompts = shared_prefix_prompts(rows)
         ms: dict[str, list[float]] = {name: [] for name in engines}

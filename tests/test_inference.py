@@ -15,18 +15,10 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from horizonrl.inference import Engine, HFEngine, SamplingParams
 from horizonrl.inference.hf import _draw
 from horizonrl.inference.stops import StopWatcher, first_stop
+from tiny_decoders import one_thread  # noqa: F401 (a fixture: one torch thread in this module)
 
 VOCAB = 300
 TOL = 1e-4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and OpenMP spinning under CPU contention is slow."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -15,62 +15,19 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
 
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.inference.lean_decode import LeanDecoder, supports_lean_decode
 from horizonrl.inference.precision import pack_linears, sampling_copy
-
-_COMMON = dict(
-    vocab_size=120,
-    hidden_size=48,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    eos_token_id=1,
-    pad_token_id=0,
-    initializer_range=0.1,
-)
-
-
-def _model(family: str):
-    torch.manual_seed(0)
-    if family == "llama":
-        cfg = LlamaConfig(**_COMMON, attention_bias=True, mlp_bias=True, tie_word_embeddings=False)
-        model = LlamaForCausalLM(cfg)
-        with torch.no_grad():  # biases start at zero: make them count
-            for name, p in model.named_parameters():
-                if name.endswith("bias"):
-                    p.normal_(0, 0.1)
-        return model.eval()
-    if family == "qwen2":
-        return Qwen2ForCausalLM(Qwen2Config(**_COMMON, tie_word_embeddings=True)).eval()
-    return Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=16, tie_word_embeddings=True)).eval()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _prompts(n=4, shared=40, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    head = torch.randint(2, 120, (shared,), generator=g).tolist()
-    return [head + torch.randint(2, 120, (3 + 3 * i,), generator=g).tolist() for i in range(n)]
+from tiny_decoders import COMMON, one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_lean_step_equals_the_full_forward(family):
     """Prefill a left-padded batch with transformers, take one lean step, and compare with transformers'
     forward over each row's whole unpadded sequence (a second computation)."""
-    model = _model(family)
+    model = tiny_decoder(family)
     assert supports_lean_decode(model)
     seqs = [[5, 9, 17, 3, 44], [8, 2, 61], [7, 7, 30, 31]]
     nxt = torch.tensor([11, 12, 13])
@@ -84,7 +41,7 @@ def test_lean_step_equals_the_full_forward(family):
         mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
         got = LeanDecoder(model).step(nxt, mask, pos[:, -1:] + 1, cache)
         for r, s in enumerate(seqs):
-            want = model(torch.tensor([s + [int(nxt[r])]])).logits[0, -1]
+            want = model(torch.tensor([[*s, int(nxt[r])]])).logits[0, -1]
             torch.testing.assert_close(got[r], want, atol=2e-5, rtol=1e-5)
     assert cache.layers[0].keys.shape[2] == width + 1  # the step's keys and values went into the cache
 
@@ -92,8 +49,8 @@ def test_lean_step_equals_the_full_forward(family):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("shared_prefix", [False, True])
 def test_engine_samples_the_same_tokens_with_the_lean_step(family, shared_prefix):
-    model = _model(family)
-    prompts = _prompts()
+    model = tiny_decoder(family)
+    prompts = prefix_prompts(4, grow=3)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
     plain = HFEngine(model, max_batch_size=3, shared_prefix=shared_prefix)
     lean = HFEngine(model, max_batch_size=3, shared_prefix=shared_prefix, lean_decode=True)
@@ -105,10 +62,28 @@ def test_engine_samples_the_same_tokens_with_the_lean_step(family, shared_prefix
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
 
 
+def test_lean_steps_while_rows_leave_the_batch():
+    """Rows end at different steps and leave the batch at once (their cache rows dropped); the tokens and
+    log-probs of the lean steps stay transformers'."""
+    model = tiny_decoder("llama")
+    prompts = prefix_prompts(4, grow=3)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20)
+    runs = []
+    for on in (False, True):
+        engine = HFEngine(model, max_batch_size=4, compact_fraction=0.0, shared_prefix=True, lean_decode=on)
+        engine.eos_ids = frozenset(range(40, 55))  # rows end at different steps
+        runs.append(engine.generate(prompts, params, seeds=[1, 2, 3, 4]))
+    want, got = runs
+    assert len({len(g.ids) for g in want}) > 2 and max(len(g.ids) for g in want) > 8
+    for a, b in zip(want, got, strict=True):
+        assert a.ids == b.ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+
+
 def test_bf16_lean_step_within_bf16_rounding_and_following_the_weights():
     """On the engine's bf16 copy with packed weights: the lean step's logits are transformers' bf16 forward's
     up to bf16 rounding; after the weights change in place the fused weights are rebuilt."""
-    master = _model("qwen2")
+    master = tiny_decoder("qwen2")
     copy = sampling_copy(master, torch.bfloat16)
     pack_linears(copy)
     lean = LeanDecoder(copy)
@@ -118,7 +93,9 @@ def test_bf16_lean_step_within_bf16_rounding_and_following_the_weights():
         cache = DynamicCache(config=copy.config)
         with torch.no_grad():
             copy(input_ids=torch.tensor([seq[:-1]]), cache=cache, use_cache=True)
-            got = lean.step(torch.tensor(seq[-1:]), torch.ones(1, len(seq)), torch.tensor([[len(seq) - 1]]), cache)
+            got = lean.step(
+                torch.tensor(seq[-1:]), torch.ones(1, len(seq)), torch.tensor([[len(seq) - 1]]), cache
+            )
             want = master(torch.tensor([seq])).logits[0, -1]
         return got[0].float(), want
 
@@ -137,10 +114,10 @@ def test_unsupported_models_keep_transformers_forward():
     assert not supports_lean_decode(gpt2)
     assert HFEngine(gpt2, lean_decode=True)._lean is None
     windowed = Qwen2ForCausalLM(
-        Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+        Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=16, max_window_layers=0)
     )
     assert not supports_lean_decode(windowed)
-    gelu = LlamaForCausalLM(LlamaConfig(**_COMMON, hidden_act="gelu"))
+    gelu = LlamaForCausalLM(LlamaConfig(**COMMON, hidden_act="gelu"))
     assert not supports_lean_decode(gelu)
     with pytest.raises(ValueError, match="gpt2"):
         LeanDecoder(gpt2)

@@ -24,14 +24,7 @@ from horizonrl.inference.shared_prefix import (
     supports_shared_prefix,
     weights_version,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tiny_decoders import one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
 
 
 def _reference(q, pk, pv, k, v, mask, scale):
@@ -85,33 +78,9 @@ def test_common_prefix_len_by_hand():
     assert not cache.fits([[1, 2, 3]], 8)  # other weights
 
 
-def _qwen(seed=0, vocab=120):
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=1,
-        pad_token_id=0,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def _prompts(n=5, shared=40, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    head = torch.randint(2, 120, (shared,), generator=g).tolist()
-    return [head + torch.randint(2, 120, (3 + 2 * i,), generator=g).tolist() for i in range(n)]
-
-
 def test_engine_with_shared_prefix_samples_what_it_samples_without():
-    model = _qwen()
-    prompts = _prompts()
+    model = tiny_decoder("qwen2")
+    prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     plain = HFEngine(model, max_batch_size=2).generate(prompts, params, seeds=list(range(5)))
     engine = HFEngine(model, max_batch_size=2, shared_prefix=True)
@@ -129,8 +98,8 @@ def test_engine_with_shared_prefix_samples_what_it_samples_without():
 
 
 def test_kept_prefix_is_recomputed_after_the_weights_change():
-    model = _qwen()
-    prompts = _prompts()
+    model = tiny_decoder("qwen2")
+    prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     engine = HFEngine(model, shared_prefix=True)
     engine.generate(prompts, params, seeds=[0] * 5)
@@ -147,7 +116,7 @@ def test_kept_prefix_is_recomputed_after_the_weights_change():
 
 
 def test_supported_models():
-    assert supports_shared_prefix(_qwen())
+    assert supports_shared_prefix(tiny_decoder("qwen2"))
     llama = LlamaForCausalLM(
         LlamaConfig(
             vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
@@ -170,7 +139,7 @@ def test_supported_models():
 
 
 def test_bf16_sampling_copy_follows_the_float32_weights():
-    model = _qwen()
+    model = tiny_decoder("qwen2")
     engine = make_engine(
         "hf", model, None, device="cpu", max_batch_size=4, seed=0, params={"dtype": "bfloat16"}
     )
@@ -184,7 +153,7 @@ def test_bf16_sampling_copy_follows_the_float32_weights():
     for (name, p), q in zip(model.named_parameters(), engine.model.parameters(), strict=True):
         assert torch.equal(q, p.detach().to(torch.bfloat16)), name
     # Samples come from the bf16 copy: its log-probs are the bf16 model's, not the fp32 model's.
-    prompts = _prompts(n=2)
+    prompts = prefix_prompts(n=2)
     g = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seeds=[3, 4])
     got = torch.tensor([lp for x in g for lp in x.logprobs])
     by_bf16 = torch.cat(
@@ -195,10 +164,20 @@ def test_bf16_sampling_copy_follows_the_float32_weights():
     assert (got - by_bf16).abs().mean() < (got - by_fp32).abs().mean()
 
 
-def test_a_bf16_head_gets_contiguous_inputs_once_and_a_float32_head_none():
-    engine = make_engine(
-        "hf", _qwen(), None, device="cpu", max_batch_size=4, seed=0, params={"dtype": "bfloat16"}
+def _bf16_engine():
+    return make_engine(
+        "hf",
+        tiny_decoder("qwen2"),
+        None,
+        device="cpu",
+        max_batch_size=2,
+        seed=0,
+        params={"dtype": "bfloat16"},
     )
+
+
+def test_a_bf16_head_gets_contiguous_inputs_once_and_a_float32_head_none():
+    engine = _bf16_engine()
     head = engine.model.get_output_embeddings()
     precision_mod.contiguous_head(engine.model)  # a second call registers nothing more
     assert len(head._forward_pre_hooks) == 1
@@ -209,13 +188,13 @@ def test_a_bf16_head_gets_contiguous_inputs_once_and_a_float32_head_none():
     assert not sliced.is_contiguous()
     torch.testing.assert_close(head(sliced), head(sliced.contiguous()), atol=0, rtol=0)
     assert seen == [True, True]
-    fp32 = _qwen()
+    fp32 = tiny_decoder("qwen2")
     HFEngine(fp32)
     assert not fp32.get_output_embeddings()._forward_pre_hooks  # float32: the user's model is not touched
 
 
 def test_dtype_errors_and_warning(monkeypatch):
-    model = _qwen()
+    model = tiny_decoder("qwen2")
     with pytest.raises(ValueError, match=r"inference.params.dtype='bf16'"):
         HFEngine(model, dtype="bf16")
     assert HFEngine(model, dtype="float32").follow is None  # already the model's dtype: no copy
@@ -238,7 +217,7 @@ def _packed(model):
 
 @pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
 def test_packed_linears_equal_f_linear_and_follow_the_weights():
-    model = _qwen()
+    model = tiny_decoder("qwen2")
     engine = make_engine(
         "hf", model, None, device="cpu", max_batch_size=4, seed=0, params={"dtype": "bfloat16"}
     )
@@ -272,17 +251,25 @@ def test_packed_linears_equal_f_linear_and_follow_the_weights():
         torch.testing.assert_close(q(x), q0(x), atol=0, rtol=0)
 
 
+def _bf16_engine():
+    return make_engine(
+        "hf",
+        tiny_decoder("qwen2"),
+        None,
+        device="cpu",
+        max_batch_size=2,
+        seed=0,
+        params={"dtype": "bfloat16"},
+    )
+
+
 @pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
 def test_engine_samples_the_same_tokens_with_and_without_packed_linears(monkeypatch):
-    prompts = _prompts()
+    prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
-    packed = make_engine(
-        "hf", _qwen(), None, device="cpu", max_batch_size=2, seed=0, params={"dtype": "bfloat16"}
-    )
+    packed = _bf16_engine()
     monkeypatch.setattr(precision_mod, "_mkldnn_packing", lambda: False)
-    plain = make_engine(
-        "hf", _qwen(), None, device="cpu", max_batch_size=2, seed=0, params={"dtype": "bfloat16"}
-    )
+    plain = _bf16_engine()
     assert _packed(packed.model) and not _packed(plain.model)
     a = packed.generate(prompts, params, seeds=list(range(5)))
     b = plain.generate(prompts, params, seeds=list(range(5)))

@@ -7,42 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from horizonrl.inference import HFEngine, SamplingParams
 from horizonrl.inference.prefix_store import PrefixEntry, TurnStore
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _qwen(seed=0):
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=120,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=1,
-        pad_token_id=0,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def _prompts(n=5, shared=40, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    head = torch.randint(2, 120, (shared,), generator=g).tolist()
-    return [head + torch.randint(2, 120, (3 + 2 * i,), generator=g).tolist() for i in range(n)]
+from tiny_decoders import one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
 
 
 def _engine(model, **kw):
@@ -59,8 +27,8 @@ def _same(got, want):
 
 @pytest.mark.parametrize("shared_prefix", [False, True])
 def test_next_turn_prefills_only_what_it_adds_and_samples_what_a_full_prefill_samples(shared_prefix):
-    model = _qwen()
-    prompts = _prompts()
+    model = tiny_decoder("qwen2")
+    prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=10)
     engine = _engine(model, turn_reuse=True, shared_prefix=shared_prefix)
     first = engine.generate(prompts, params, seeds=list(range(5)))
@@ -68,7 +36,7 @@ def test_next_turn_prefills_only_what_it_adds_and_samples_what_a_full_prefill_sa
     # The next turn: each prompt, its generation, an observation; plus one prompt that shares only the
     # first 40 tokens (the shared prefix, or a part of row 0's kept cache).
     turn2 = [p + g.ids + [5, 6, 7 + i] for i, (p, g) in enumerate(zip(prompts, first, strict=True))]
-    turn2.append(prompts[0][:40] + [9, 9, 9])
+    turn2.append([*prompts[0][:40], 9, 9, 9])
     seeds = list(range(10, 16))
     got = engine.generate(turn2, params, seeds=seeds)
     # By hand: row i's kept cache holds its prompt and all generated tokens but the last (never forwarded).
@@ -78,8 +46,8 @@ def test_next_turn_prefills_only_what_it_adds_and_samples_what_a_full_prefill_sa
 
 
 def test_no_reuse_after_the_weights_change_or_without_the_setting():
-    model = _qwen()
-    prompts = _prompts()
+    model = tiny_decoder("qwen2")
+    prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     engine = _engine(model, turn_reuse=True)
     first = engine.generate(prompts, params, seeds=[0] * 5)
