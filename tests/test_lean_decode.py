@@ -23,7 +23,7 @@ from horizonrl.inference.precision import pack_linears, sampling_copy
 from tiny_decoders import COMMON, one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 def test_lean_step_equals_the_full_forward(family):
     """Prefill a left-padded batch with transformers, take one lean step, and compare with transformers'
     forward over each row's whole unpadded sequence (a second computation)."""
@@ -46,7 +46,7 @@ def test_lean_step_equals_the_full_forward(family):
     assert cache.layers[0].keys.shape[2] == width + 1  # the step's keys and values went into the cache
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 @pytest.mark.parametrize("shared_prefix", [False, True])
 def test_engine_samples_the_same_tokens_with_the_lean_step(family, shared_prefix):
     model = tiny_decoder(family)
@@ -81,32 +81,44 @@ def test_lean_steps_while_rows_leave_the_batch():
 
 
 def test_bf16_lean_step_within_bf16_rounding_and_following_the_weights():
-    """On the engine's bf16 copy with packed weights: the lean step's logits are transformers' bf16 forward's
-    up to bf16 rounding; after the weights change in place the fused weights are rebuilt."""
-    master = tiny_decoder("qwen2")
+    """On the engine's bf16 copy with packed weights: the lean step's logits are the copy's own bf16
+    forward's up to bf16 rounding; after the weights change in place its fused weights are rebuilt (it
+    equals a lean step built afresh on the new weights, bit for bit)."""
+    master = tiny_decoder("llama")
     copy = sampling_copy(master, torch.bfloat16)
     pack_linears(copy)
     lean = LeanDecoder(copy)
     seq = [5, 9, 17, 3, 44, 8]
 
-    def both():
+    def step(decoder):
         cache = DynamicCache(config=copy.config)
         with torch.no_grad():
             copy(input_ids=torch.tensor([seq[:-1]]), cache=cache, use_cache=True)
-            got = lean.step(
-                torch.tensor(seq[-1:]), torch.ones(1, len(seq)), torch.tensor([[len(seq) - 1]]), cache
-            )
-            want = master(torch.tensor([seq])).logits[0, -1]
-        return got[0].float(), want
+            pos = torch.tensor([[len(seq) - 1]])
+            return decoder.step(torch.tensor(seq[-1:]), torch.ones(1, len(seq)), pos, cache)[0].float()
 
-    got, want = both()
-    assert (got - want).abs().max() < 0.05 * want.abs().max()
     with torch.no_grad():
-        master.lm_head.weight.mul_(-1.0)  # tied to the embeddings: every logit changes sign
-        copy.load_state_dict(master.state_dict())
-    got2, want2 = both()
-    assert (got2 - want2).abs().max() < 0.05 * want2.abs().max()
-    assert torch.corrcoef(torch.stack([got2, got]))[0, 1] < 0  # not the stale fused weights
+        want = copy(torch.tensor([seq])).logits[0, -1].float()
+    got = step(lean)
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+    with torch.no_grad():  # the fused projections change: [q; k; v] and [gate; up] of every layer
+        for layer in master.model.layers:
+            layer.self_attn.k_proj.weight.mul_(-1.5)
+            layer.mlp.up_proj.weight.mul_(0.5)
+        copy.load_state_dict(master.state_dict())  # in place, as the engine's sync
+    again = step(lean)
+    assert (again - got).abs().max() > 0.05 * got.abs().max()
+    torch.testing.assert_close(again, step(LeanDecoder(copy)), atol=0, rtol=0)
+
+
+def test_lora_wrapped_projections_keep_transformers_forward():
+    from peft import LoraConfig, inject_adapter_in_model
+
+    model = tiny_decoder("llama")
+    assert supports_lean_decode(model)
+    inject_adapter_in_model(LoraConfig(r=2, target_modules=["q_proj"]), model)
+    assert not supports_lean_decode(model)  # the fused weight would leave the adapter out
+    assert HFEngine(model, lean_decode=True)._lean is None
 
 
 def test_unsupported_models_keep_transformers_forward():

@@ -11,7 +11,14 @@ import warnings
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from horizonrl.errors import HorizonWarning
 from horizonrl.inference import HFEngine, SamplingParams, make_engine
@@ -24,7 +31,7 @@ from horizonrl.inference.shared_prefix import (
     supports_shared_prefix,
     weights_version,
 )
-from tiny_decoders import one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
+from tiny_decoders import COMMON, one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
 
 
 def _reference(q, pk, pv, k, v, mask, scale):
@@ -134,6 +141,10 @@ def test_supported_models():
         max_window_layers=0,
     )
     assert not supports_shared_prefix(Qwen2ForCausalLM(sliding))
+    # Mistral has no switch: a window size is a window (transformers' default 4096), None is none.
+    assert supports_shared_prefix(tiny_decoder("mistral"))
+    windowed = MistralForCausalLM(MistralConfig(**COMMON))
+    assert windowed.config.sliding_window and not supports_shared_prefix(windowed)
     # Asked for on an unsupported model, the engine quietly runs without it.
     assert not HFEngine(Qwen2ForCausalLM(sliding), shared_prefix=True).shared_prefix
 
@@ -251,26 +262,17 @@ def test_packed_linears_equal_f_linear_and_follow_the_weights():
         torch.testing.assert_close(q(x), q0(x), atol=0, rtol=0)
 
 
-def _bf16_engine():
-    return make_engine(
-        "hf",
-        tiny_decoder("qwen2"),
-        None,
-        device="cpu",
-        max_batch_size=2,
-        seed=0,
-        params={"dtype": "bfloat16"},
-    )
-
-
 @pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
 def test_engine_samples_the_same_tokens_with_and_without_packed_linears(monkeypatch):
     prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     packed = _bf16_engine()
+    a = packed.generate(prompts, params, seeds=list(range(5)))  # packs on first use, so before the patch
     monkeypatch.setattr(precision_mod, "_mkldnn_packing", lambda: False)
     plain = _bf16_engine()
-    assert _packed(packed.model) and not _packed(plain.model)
-    a = packed.generate(prompts, params, seeds=list(range(5)))
     b = plain.generate(prompts, params, seeds=list(range(5)))
+
+    assert _packed(packed.model) and not _packed(plain.model)
+    # The packed engine ran oneDNN's reordered weights (the patch came after: it changes nothing there).
+    assert all(f.packed is not None and f.packed.is_mkldnn for f in _packed(packed.model).values())
     assert [(x.ids, x.logprobs) for x in a] == [(y.ids, y.logprobs) for y in b]  # bit for bit

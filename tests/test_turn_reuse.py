@@ -13,8 +13,8 @@ from horizonrl.inference.prefix_store import PrefixEntry, TurnStore
 from tiny_decoders import one_thread, prefix_prompts, tiny_decoder  # noqa: F401 (a fixture)
 
 
-def _engine(model, **kw):
-    engine = HFEngine(model, max_batch_size=2, compact_fraction=0.0, **kw)
+def _engine(model, compact=0.0, **kw):
+    engine = HFEngine(model, max_batch_size=2, compact_fraction=compact, **kw)
     engine.eos_ids = frozenset(range(40, 80))  # rows end at different steps, so the batch compacts
     return engine
 
@@ -25,12 +25,14 @@ def _same(got, want):
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("shared_prefix", [False, True])
-def test_next_turn_prefills_only_what_it_adds_and_samples_what_a_full_prefill_samples(shared_prefix):
+# compact 0: finished rows leave the batch at once; 1: they stay and keep decoding (their caches hold
+# positions past their end, which the kept cache must leave out).
+@pytest.mark.parametrize(("shared_prefix", "compact"), [(False, 0.0), (True, 0.0), (True, 1.0)])
+def test_next_turn_prefills_only_what_it_adds_and_samples_what_a_full_prefill_samples(shared_prefix, compact):
     model = tiny_decoder("qwen2")
     prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=10)
-    engine = _engine(model, turn_reuse=True, shared_prefix=shared_prefix)
+    engine = _engine(model, compact, turn_reuse=True, shared_prefix=shared_prefix)
     first = engine.generate(prompts, params, seeds=list(range(5)))
     assert len({len(g.ids) for g in first}) > 1  # rows left the batch at different steps
     # The next turn: each prompt, its generation, an observation; plus one prompt that shares only the

@@ -8,6 +8,8 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -30,21 +32,23 @@ COMMON = dict(
 
 
 def tiny_decoder(family: str = "qwen2", seed: int = 0):
-    """``qwen2`` (tied embeddings, qkv biases), ``qwen3`` (per-head norms, head_dim 16 apart from
-    hidden / heads) or ``llama`` (attention and MLP biases, drawn so they count; untied head), in eval
-    mode."""
+    """``qwen2`` (tied embeddings, qkv biases at transformers' zero init), ``qwen3`` (per-head norms,
+    head_dim 16 apart from hidden / heads), ``llama`` (attention and MLP biases, drawn so that they count;
+    untied head) or ``mistral`` (no sliding window), in eval mode."""
     torch.manual_seed(seed)
     if family == "qwen2":
-        return Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=True)).eval()
-    if family == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True)).eval()
-    model = LlamaForCausalLM(
-        LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True, tie_word_embeddings=False)
-    )
-    with torch.no_grad():  # biases start at zero: make them count
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
+        model = Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=True))
+    elif family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True))
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**COMMON, sliding_window=None, tie_word_embeddings=False))
+    else:
+        cfg = LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True, tie_word_embeddings=False)
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.1)
     return model.eval()
 
 

@@ -33,7 +33,7 @@ from horizonrl.inference.batching import eval_mode, left_pad
 from horizonrl.inference.hf_stream import HFStream, open_hf_stream
 from horizonrl.inference.lean_decode import LeanDecoder, supports_lean_decode
 from horizonrl.inference.precision import contiguous_head, pack_linears, sampling_copy, sampling_dtype
-from horizonrl.inference.prefix_store import TurnStore, cached_prefill, row_entry
+from horizonrl.inference.prefix_store import TurnStore, cached_prefill
 from horizonrl.inference.seeding import draw_seeds, seeded_uniforms
 from horizonrl.inference.shared_prefix import (
     ATTENTION,
@@ -109,7 +109,8 @@ class HFEngine(Engine):
         turn_reuse: in :meth:`generate`, keep every row's KV cache of the call, and prefill a prompt of the
             next call only past the kept cache it extends the furthest (the round-by-round driver's next
             turn: prompt, generation and observation; :class:`.prefix_store.TurnStore`). Kept until the
-            next call or a weight change, at most ``turn_reuse_mb`` MB of them (rows past it prefill whole).
+            next call, a sync or a sleep, at most ``turn_reuse_mb`` MB of them (rows past it prefill whole;
+            while a call runs, the previous call's are held too).
         lean_decode: run decode steps through :class:`.lean_decode.LeanDecoder` (fused projections, fewer
             ops; the same function up to float rounding) where the model's architecture is covered, else
             transformers' forward.
@@ -394,8 +395,7 @@ class HFEngine(Engine):
             if self._turns is not None and turns is not None:
                 for r in batch_rows:
                     i = rows[r]
-                    ids_i = prompts[i] + out_ids[i][:-1]
-                    self._turns.add(row_entry(cache, mask, r, ids_i, skip))
+                    self._turns.keep(cache, mask, r, prompts[i] + out_ids[i][:-1], skip)
 
         watchers = [StopWatcher(self.tokenizer, params.stop) for _ in range(n)] if params.stop else None
         eos = frozenset() if params.ignore_eos else self.eos_ids
@@ -550,7 +550,17 @@ class HFEngine(Engine):
                 state_dict = self.follow.state_dict()
             if state_dict is not None:
                 self.model.load_state_dict(state_dict)
+        self._release()
+
+    def sleep(self) -> None:
+        """Drop what the engine keeps between calls (the shared prefix, the last call's row caches): an
+        update follows, after which none of it fits the weights."""
+        self._release()
+
+    def _release(self) -> None:
         self._prefix = self._turns = None
+        if self._lean is not None:
+            self._lean.release()
 
     def state_dict(self) -> Mapping[str, torch.Tensor]:
         """The weights the engine samples from."""

@@ -43,7 +43,8 @@ _SUPPORTED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 def supports_lean_decode(model: torch.nn.Module) -> bool:
     """Whether :class:`LeanDecoder` computes ``model``'s forward: a supported model type, all layers full
-    attention, SiLU MLPs, and the module layout it reads."""
+    attention (no sliding window), SiLU MLPs, and the module layout it reads with plain ``nn.Linear``
+    projections (not LoRA-wrapped ones)."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", "") not in _SUPPORTED or not supports_shared_prefix(model):
         return False
@@ -53,10 +54,11 @@ def supports_lean_decode(model: torch.nn.Module) -> bool:
     layers = getattr(inner, "layers", None)
     if not layers or not all(hasattr(inner, a) for a in ("embed_tokens", "norm", "rotary_emb")):
         return False
+    # Plain linear layers only: a LoRA-wrapped projection's ``weight`` is its base weight alone.
     attn, mlp = layers[0].self_attn, layers[0].mlp
-    return all(hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
-        hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")
-    )
+    names = [(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    names += [(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")]
+    return all(type(getattr(m, a, None)) is torch.nn.Linear for layer in layers for m, a in names)
 
 
 @dataclass
@@ -102,7 +104,7 @@ class LeanDecoder:
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
         self._layers: list[_Layer] = []
-        self._version: int | None = None
+        self._version: tuple[int, ...] | None = None
         self._prefix: tuple[PrefixCache, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def _refresh(self) -> None:
@@ -130,9 +132,14 @@ class LeanDecoder:
             )
         self._version = version
 
+    def release(self) -> None:
+        """Drop the float32 copy of the shared prefix (the engine dropped the prefix: a sync, a sleep)."""
+        self._prefix = None
+
     def _prefix_kv(self, prefix: PrefixCache | None) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """The prefix's keys ``[Hkv, D, L]`` (transposed) and values ``[Hkv, L, D]`` in float32, once."""
         if prefix is None:
+            self._prefix = None
             return None
         if self._prefix is None or self._prefix[0] is not prefix:
             kv = [(k.float().transpose(1, 2).contiguous(), v.float().contiguous()) for k, v in prefix.kv]

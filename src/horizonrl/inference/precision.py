@@ -131,8 +131,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x W^T + b`` for a weight from :func:`pack_weight` (``F.linear`` where it was left unpacked)."""
-    if _packs(weight):
+    """``x W^T + b`` for a weight from :func:`pack_weight` (``F.linear`` where it was left unpacked: the
+    weight itself says which)."""
+    if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -145,8 +146,9 @@ class _PackedLinear:
     Here it is done once (:func:`pack_weight`, ``torch.ops.mkldnn._reorder_linear_weight``: what inductor's
     weight freezing does), and redone whenever the weight changes (its storage, or its autograd version
     counter, which every in-place write moves: :meth:`HFEngine.sync`'s ``load_state_dict``). The product is
-    oneDNN's same kernel, so outputs equal ``F.linear``'s (tests/test_shared_prefix.py checks it, and that
-    the engine samples the same tokens with and without).
+    oneDNN's same kernel, so outputs equal ``F.linear``'s for layers without a bias
+    (tests/test_shared_prefix.py checks it, and that the engine samples the same tokens with and without);
+    a bias oneDNN adds inside the kernel, which can differ from ``F.linear`` by one bf16 rounding.
     """
 
     def __init__(self, module: torch.nn.Linear) -> None:

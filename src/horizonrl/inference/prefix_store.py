@@ -99,7 +99,7 @@ class TurnStore:
     engine's shared-prefix object they follow (or None) and :func:`.shared_prefix.weights_version`
     (:meth:`fits`)."""
 
-    def __init__(self, tag: tuple[object, int], limit_bytes: float = float("inf")) -> None:
+    def __init__(self, tag: tuple[object, tuple[int, ...]], limit_bytes: float = float("inf")) -> None:
         self.tag = tag
         self.limit_bytes = limit_bytes
         self.entries: list[PrefixEntry] = []
@@ -112,7 +112,15 @@ class TurnStore:
             self.entries.append(entry)
             self.nbytes += entry.nbytes
 
-    def fits(self, tag: tuple[object, int]) -> bool:
+    def keep(self, cache, mask: torch.Tensor, row: int, ids: Sequence[int], start: int) -> None:
+        """:meth:`add` row ``row``'s cache of ``ids`` (:func:`row_entry`), copied only if it fits."""
+        per_position = sum(
+            2 * layer.keys[row, :, :1].numel() * layer.keys.element_size() for layer in cache.layers
+        )
+        if self.nbytes + (len(ids) - start) * per_position <= self.limit_bytes:
+            self.add(row_entry(cache, mask, row, ids, start))
+
+    def fits(self, tag: tuple[object, tuple[int, ...]]) -> bool:
         """Whether the caches are valid under ``tag`` (the same shared-prefix object, the same version)."""
         return tag[0] is self.tag[0] and tag[1] == self.tag[1]
 

@@ -148,7 +148,8 @@ def supports_shared_prefix(model: torch.nn.Module) -> bool:
     types = getattr(text, "layer_types", None)
     if types is not None and any(t != "full_attention" for t in types):
         return False
-    if getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None):
+    window = getattr(text, "sliding_window", None)
+    if window and getattr(text, "use_sliding_window", True):  # Qwen2 sets the flag; Mistral windows by size
         return False
     return getattr(cfg, "model_type", "") in _SUPPORTED
 
@@ -190,16 +191,17 @@ class PrefixCache:
 
     ids: tuple[int, ...]
     kv: list[tuple[torch.Tensor, torch.Tensor]]
-    version: int
+    version: tuple[int, ...]
 
-    def fits(self, prompts: Sequence[Sequence[int]], version: int) -> bool:
+    def fits(self, prompts: Sequence[Sequence[int]], version: tuple[int, ...]) -> bool:
         """Whether it is a proper prefix of every prompt (each keeps at least one token of its own) and
         the weights are those it was computed with."""
         n = len(self.ids)
         return version == self.version and all(len(p) > n and tuple(p[:n]) == self.ids for p in prompts)
 
 
-def weights_version(model: torch.nn.Module) -> int:
-    """A number that changes whenever a parameter of ``model`` is modified in place (optimizer steps,
-    ``load_state_dict``, weight syncs): the sum of the parameters' autograd version counters."""
-    return sum(p._version for p in model.parameters())
+def weights_version(model: torch.nn.Module) -> tuple[int, ...]:
+    """What changes whenever a parameter of ``model`` is modified in place (optimizer steps,
+    ``load_state_dict``, weight syncs: its autograd version counter) or replaced (its storage): both, for
+    every parameter."""
+    return tuple(x for p in model.parameters() for x in (p.data_ptr(), p._version))
