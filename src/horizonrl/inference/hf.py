@@ -347,7 +347,7 @@ class HFEngine(Engine):
             prefix = self._shared_prefix(prompts)
             turns = None
             if self.turn_reuse:  # the last call's caches, matched under the same prefix and weights
-                tag = (prefix, weights_version(self.model))
+                tag = (prefix, prefix.version if prefix is not None else weights_version(self.model))
                 turns, self._turns = self._turns, TurnStore(tag, self.turn_reuse_bytes)
                 turns = turns if turns is not None and turns.fits(tag) else TurnStore(tag)
             for start in range(0, len(order), self.max_batch_size):

@@ -26,6 +26,7 @@ types, sliding windows, activations other than SiLU) keep transformers' forward
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +90,8 @@ def _cat_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
 
 class LeanDecoder:
     """The lean decode step of one model (module docstring); its fused weights follow the model's
-    (rebuilt when :func:`.shared_prefix.weights_version` moves: an engine sync)."""
+    (rebuilt when :func:`.shared_prefix.weights_version` moves: an engine sync). The version is read at
+    the first step on each cache, not every step: a cache is decoded under the weights that filled it."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         if not supports_lean_decode(model):
@@ -105,6 +107,7 @@ class LeanDecoder:
         self.scale = self.head_dim**-0.5
         self._layers: list[_Layer] = []
         self._version: tuple[int, ...] | None = None
+        self._cache = lambda: None  # a weak reference to the cache the weights were last checked for
         self._prefix: tuple[PrefixCache, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def _refresh(self) -> None:
@@ -158,7 +161,9 @@ class LeanDecoder:
         ``[B, 1]``, ``mask`` ``[B, S]`` the row's cache after this token (nonzero = attend), ``cache`` the
         engine's ``DynamicCache`` (this token's keys and values are appended to it), ``prefix`` the
         shared prefix every row attends to first."""
-        self._refresh()
+        if self._cache() is not cache:
+            self._refresh()
+            self._cache = weakref.ref(cache)
         pre = self._prefix_kv(prefix)
         inner = self.model.model
         b, hq, hkv, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
