@@ -22,16 +22,15 @@ this process and vLLM's). Exits non-zero if a float32-engine run's ratio leaves 
 Last, ``benchmarks/async_rollout.py`` on vLLM with the first model (128 episodes on a GPU, 32 on
 CPU, one round): rollout tokens/s of the episode-level asynchronous driver against the
 round-synchronous one (``drivers`` in the JSON: ``async_vs_sync``, ``async_vs_sync_threads``); then
-``benchmarks/tree_training.py`` on one recorded RTPO step: update time with shared-prefix trees against
-the plain update (``tree`` in the JSON: ``token_ratio``, ``speedup``, and on a GPU ``wide.speedup`` for
-a SmolLM2-wide 12-layer random model).
+``benchmarks/prefix_training.py`` on one recorded RTPO step: update time with prefix-shared training
+against the plain update (``tree`` in the JSON: ``token_ratio``, ``speedup``).
 
 ``--engine hf`` (a GPU machine without vLLM, as the one lent to this project's sessions): the
 Qwen2.5-0.5B-sized model (with ``--tokenizer DIR``'s vocabulary, e.g. Qwen2.5's saved by
 ``tests/families_support.family_tokenizer("qwen2_5").save_pretrained(DIR)``) trains on the HF engine in
 float32 (ratio checked), with the memory-lean bf16 update, and with it plus gradient checkpointing, each
 run with its own peak memory; then ``--parts`` (default all): the rollout drivers and
-``benchmarks/generation.py`` on the HF engine, and the tree-training step. docs/scale.md, "One H200
+``benchmarks/generation.py`` on the HF engine, and the prefix-shared training step. docs/scale.md, "One H200
 without vLLM", has the numbers.
 """
 
@@ -303,10 +302,10 @@ def _first_model(work: Path, *, cpu: bool):
 
 
 def tree_vs_flat(work: Path, *, cpu: bool) -> dict:
-    """``benchmarks/tree_training.py`` on RTPO's recorded updates: shared-prefix trees vs the plain update
-    (on a GPU also a SmolLM2-wide 12-layer model, where the linear layers dominate)."""
-    out = work / "tree_training.json"
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "tree_training.py"
+    """``benchmarks/prefix_training.py`` on RTPO's recorded updates: prefix-shared training vs the plain
+    update."""
+    out = work / "prefix_training.json"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "prefix_training.py"
     cmd = [
         sys.executable,
         str(bench),
@@ -316,16 +315,17 @@ def tree_vs_flat(work: Path, *, cpu: bool) -> dict:
         "1",
         "--repeats",
         "1",
+        "--no-phases",
         "--json",
         str(out),
     ]
     if not cpu:
-        cmd += ["--device", "cuda", "--wide-layers", "12", "--wide-calls", "4"]
+        cmd += ["--device", "cuda"]
     subprocess.run(cmd, check=True)
     tree = json.loads(out.read_text())["rtpo"]
-    wide = f", SmolLM2-wide {tree['wide']['speedup']}x" if "wide" in tree else ""
     print(
-        f"tree training, RTPO update: {tree['token_ratio']}x fewer tokens, {tree['speedup']}x faster{wide}",
+        f"prefix-shared training, RTPO update: {tree['token_ratio']}x fewer tokens, "
+        f"{tree['speedup']}x faster",
         flush=True,
     )
     return tree

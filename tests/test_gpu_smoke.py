@@ -35,8 +35,8 @@ def test_gpu_smoke_cpu_dry_run(tmp_path):
     drivers = result["drivers"]  # benchmarks/async_rollout.py on vLLM
     assert set(drivers["drivers"]) == {"sync", "sync_threads", "async_calls", "async"}
     assert all(d["tok_s"] > 0 for d in drivers["drivers"].values()) and drivers["async_vs_sync"] > 0
-    tree = result["tree"]  # benchmarks/tree_training.py on RTPO's recorded update
-    assert tree["tokens_tree"] < tree["tokens_plain"] and tree["speedup"] > 0
+    tree = result["tree"]  # benchmarks/prefix_training.py on RTPO's recorded update
+    assert tree["tokens_shared"] < tree["tokens_plain"] and tree["speedup"] > 0
 
 
 def test_gpu_smoke_hf_engine_dry_run(tmp_path):

@@ -72,7 +72,7 @@ def test_two_siblings_are_refused_as_degenerate(tiny_model_dir, tmp_path):
 
 
 def test_trunk_never_enters_the_baseline_and_only_turn_k_tokens_get_gradient(tiny_model_dir, tmp_path):
-    # The hooks read padded rows: the plain path (tests/test_tree_training.py checks trees against it).
+    # The hooks read padded rows: the plain path (tests/test_prefix_training.py checks sharing against it).
     t = _rigged(
         RTPOTrainer(
             _cfg(tiny_model_dir, tmp_path, "algo.micro_batch_tokens=100000", "algo.tree_training=off")

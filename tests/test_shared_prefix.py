@@ -226,7 +226,9 @@ def _packed(model):
     }
 
 
-@pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
+@pytest.mark.skipif(
+    not precision_mod._mkldnn_packing(), reason="torch without oneDNN or a CPU without its bf16 path"
+)
 def test_packed_linears_equal_f_linear_and_follow_the_weights():
     model = tiny_decoder("qwen2")
     engine = make_engine(
@@ -262,7 +264,9 @@ def test_packed_linears_equal_f_linear_and_follow_the_weights():
         torch.testing.assert_close(q(x), q0(x), atol=0, rtol=0)
 
 
-@pytest.mark.skipif(not precision_mod._mkldnn_packing(), reason="torch without oneDNN")
+@pytest.mark.skipif(
+    not precision_mod._mkldnn_packing(), reason="torch without oneDNN or a CPU without its bf16 path"
+)
 def test_engine_samples_the_same_tokens_with_and_without_packed_linears(monkeypatch):
     prompts = prefix_prompts()
     params = SamplingParams(temperature=1.0, max_new_tokens=12)

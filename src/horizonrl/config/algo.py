@@ -57,12 +57,12 @@ class AlgoConfig(_Section):
     )
     tree_training: str | bool = opt(
         "auto",
-        "shared-prefix (tree) training: 'auto' forwards the rows of a micro-batch that share a token "
-        "prefix (a group's prompt, RTPO's trunk and siblings, a shared system prompt) as one tree with "
-        "a tree attention mask, so each shared token is forwarded and back-propagated once (exact to "
-        "float rounding; rows join a tree only where a cost model of the model's shape says it is cheaper, "
-        "and models without sdpa/eager full attention train without trees); 'off' (YAML's bare off / false "
-        "read as 'off', true as 'auto'): every row on its own",
+        "shared-prefix training: 'auto' forwards a token prefix that rows share (the few-shot/system "
+        "prefix, a group's prompt, RTPO's trunk and siblings) once and runs each row's own tokens against "
+        "its keys and values, so each shared token is forwarded and back-propagated once (exact to float "
+        "rounding; a prefix is shared where a FLOP model of the model's shape says it pays; one process, "
+        "sdpa/eager full attention, no gradient checkpointing, else every row on its own with a warning); "
+        "'off' (YAML's bare off / false read as 'off', true as 'auto'): every row on its own",
         choices=("auto", "off", True, False),
     )
     old_logprobs: str = opt(

@@ -105,9 +105,15 @@ def contiguous_head(model: torch.nn.Module) -> None:
 
 @functools.cache
 def _mkldnn_packing() -> bool:
-    """Whether torch was built with oneDNN's linear-weight packing (``torch.ops.mkldnn``)."""
+    """Whether torch was built with oneDNN's linear-weight packing (``torch.ops.mkldnn``) and this CPU runs
+    its bfloat16 path (``_is_mkldnn_bf16_supported``: avx512bw/vl/dq or avx_ne_convert; an AVX2-only CPU
+    raises "bf16 path needs the cpu support" when packing, so its weights stay unpacked)."""
     try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        return (
+            torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )
     except (AttributeError, RuntimeError):
         return False
 

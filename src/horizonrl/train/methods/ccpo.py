@@ -14,9 +14,10 @@ frozen copy of the initial policy made once and kept for the run
 Cost: only the *unique* prompts of the batch that are not in the cache run, in
 length-sorted, right-padded micro-batches of at most ``algo.micro_batch_tokens``
 padded tokens (right padding with a causal mask leaves every real position
-exactly as in an unpadded forward). ``pi_ref`` never changes, so states are kept
-in an LRU cache keyed by the prompt's token tuple (:class:`HiddenStateCache`,
-``CACHE_ENTRIES`` entries) across steps: with step-wise prompts every group's
+exactly as in an unpadded forward); with ``algo.tree_training: auto``, prompts that share a
+prefix forward it once where that costs fewer FLOPs (``train/update/prefix.py``). ``pi_ref``
+never changes, so states are kept in an LRU cache keyed by the prompt's token tuple
+(:class:`HiddenStateCache`, ``CACHE_ENTRIES`` entries) across steps: with step-wise prompts every group's
 first step shares one prompt, and repeated tasks repeat their early steps.
 
 The provider returns ``[N, D]`` float32 rows aligned with
@@ -49,7 +50,8 @@ from horizonrl.credit.ccpo import CCPOParams, peer_diagnostics
 from horizonrl.credit.ccpo_features import observation_mode, step_batch_from_groups
 from horizonrl.models.lora import FrozenBase, is_lora
 from horizonrl.train.trainers.features import Feature, FeatureContext, register_feature
-from horizonrl.train.update.batching import micro_batches
+from horizonrl.train.update.chunks import update_chunks
+from horizonrl.train.update.prefix import prefix_cost, shared_hidden
 from horizonrl.trajectory import Group
 
 #: the released recipe's shrinkage, applied to the paper readout's gap for ccpo/baseline_gap_rms_kappa
@@ -106,43 +108,51 @@ def last_token_states(
     *,
     pad_id: int = 0,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
+    share: bool = False,
 ) -> np.ndarray:
     """``[len(prompts), D]`` float32: final-layer hidden state at each prompt's last token (no gradient).
 
     Prompts run length-sorted in right-padded micro-batches of at most
     ``token_budget`` padded tokens; the decoder stack (``model.base_model``) is
-    called directly so no vocabulary logits are computed.
+    called directly so no vocabulary logits are computed. ``share``
+    (``algo.tree_training: auto``): prompts that share a prefix (the system prompt, the task, the
+    earlier turns) forward it once where that costs fewer FLOPs (``train/update/prefix.py``, the
+    update's micro-batches: :func:`~horizonrl.train.update.chunks.update_chunks`).
     """
     if any(len(p) == 0 for p in prompts):
         raise ValueError("last_token_states: every prompt needs at least one token, got an empty prompt")
     if not prompts:
         return np.zeros((0, 0), dtype=np.float32)
     device = _device(model)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    lengths = [len(prompts[i]) for i in order]
+    chunks = update_chunks(prompts, token_budget, cost=prefix_cost(model) if share else None)
     out: list[np.ndarray | None] = [None] * len(prompts)
     base = getattr(model, "base_model", None)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            for chunk in micro_batches(lengths, token_budget):
-                idx = [order[c] for c in chunk]
-                width = max(len(prompts[i]) for i in idx)
-                ids = torch.full((len(idx), width), int(pad_id), dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for idx, plan in chunks:
+                lengths = [len(prompts[i]) for i in idx]
+                ids = torch.full((len(idx), max(lengths)), int(pad_id), dtype=torch.long)
+                mask = torch.zeros((len(idx), max(lengths)), dtype=torch.long)
                 for row, i in enumerate(idx):
                     ids[row, : len(prompts[i])] = torch.as_tensor(list(prompts[i]), dtype=torch.long)
                     mask[row, : len(prompts[i])] = 1
                 ids, mask = ids.to(device), mask.to(device)
-                if base is not None and base is not model:
-                    h = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-                else:
-                    h = model(
-                        input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False
-                    ).hidden_states[-1]
                 last = mask.sum(dim=1) - 1
-                rows = h[torch.arange(len(idx), device=device), last].float().cpu().numpy()
+                rows_at = torch.arange(len(idx), device=device)
+                if plan is not None and plan.shares:
+                    hidden, where = shared_hidden(model, ids, lengths, plan)
+                    rows = hidden[where[rows_at, last]]
+                else:
+                    if base is not None and base is not model:
+                        h = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+                    else:
+                        h = model(
+                            input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False
+                        ).hidden_states[-1]
+                    rows = h[rows_at, last]
+                rows = rows.float().cpu().numpy()
                 for row, i in enumerate(idx):
                     out[i] = rows[row]
     finally:
@@ -206,7 +216,8 @@ def hidden_states(ctx: FeatureContext, groups: Sequence[Group]) -> tuple[np.ndar
     tok = ctx.tokenizer
     pad_id = (getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
     if missing:
-        states = last_token_states(model, missing, pad_id=pad_id, token_budget=budget)
+        share = ctx.cfg is None or ctx.cfg.algo.tree_training == "auto"
+        states = last_token_states(model, missing, pad_id=pad_id, token_budget=budget, share=share)
         for k, v in zip(missing, states, strict=True):
             found[k] = v = v.copy()
             cache.put(k, v)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from horizonrl.train.update.lean import ForwardOptions, autocast, lean_logprobs, verify_once
-from horizonrl.train.update.tree import build_forest, tree_support
+from horizonrl.train.update.prefix import PrefixCost, PrefixPlan, plan_prefix, prefix_support, shared_logprobs
 from horizonrl.trajectory import Row
 
 
@@ -110,7 +110,7 @@ def token_logprobs(
     model: torch.nn.Module,
     batch: RowBatch,
     options: ForwardOptions | None = None,
-    trees: Sequence[int] | None = None,
+    plan: PrefixPlan | None = None,
 ) -> torch.Tensor:
     """Log-prob of each target token under ``model``, ``[B, T-1]``.
 
@@ -122,38 +122,39 @@ def token_logprobs(
     chunks and packed rows (``train/update/lean.py``); positions without a target are then 0.
     None or the defaults: one padded forward that materializes the ``[B, T, V]`` float32 logits.
 
-    ``trees`` (how many consecutive rows form each shared-prefix tree, from
-    :func:`~horizonrl.train.update.chunks.tree_chunks`): the rows are forwarded as one forest
-    (``train/update/tree.py``) when some tree holds two rows and the model takes tree masks.
+    ``plan`` (:func:`~horizonrl.train.update.prefix.plan_prefix` of the batch's rows, from
+    :func:`~horizonrl.train.update.chunks.update_chunks`): the rows' shared prefixes are forwarded once
+    (``train/update/prefix.py``) when the plan shares one and the model can.
     """
     options = options or ForwardOptions()
-    forest = None
-    if trees is not None and max(trees, default=1) > 1 and tree_support(model) is None:
-        forest = _layout(batch, trees)
     with autocast(options.precision, batch.input_ids.device):
-        if forest is not None:
-            verify_once(model, batch, options, _full_logprobs, forest=lambda b: _layout(b, [len(b)]))
-            return lean_logprobs(model, batch, options, forest)
+        if plan is not None and plan.shares and prefix_support(model) is None:
+            verify_once(model, batch, options, _full_logprobs, shared=_shared_check)
+            return shared_logprobs(model, batch, options, plan)
         if not options.rewritten:
             return _full_logprobs(model, batch)
         verify_once(model, batch, options, _full_logprobs)
         return lean_logprobs(model, batch, options)
 
 
-def verify_trees(model: torch.nn.Module, rows: Sequence[Row], options: ForwardOptions) -> None:
-    """Check the tree path of ``model`` against its plain forward (``lean.verify_once``) on the longest
-    of ``rows``, up front: every rank passes the same rows, so every rank runs the same check forwards
-    (FSDP's collectives) instead of whichever rank first meets a tree."""
-    if rows and tree_support(model) is None:
+#: A cost under which every common prefix is worth a forward of its own (the checks' plans).
+SHARE_ALL = PrefixCost(per_token=1.0, per_pair=0.0)
+
+
+def _shared_check(model: torch.nn.Module, batch: RowBatch, options: ForwardOptions) -> torch.Tensor:
+    """:func:`shared_logprobs` of ``batch`` with every common prefix shared (``verify_once``'s check)."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    seqs = [batch.input_ids[b, :n].tolist() for b, n in enumerate(lengths)]
+    return shared_logprobs(model, batch, options, plan_prefix(seqs, SHARE_ALL))
+
+
+def verify_shared(model: torch.nn.Module, rows: Sequence[Row], options: ForwardOptions) -> None:
+    """Check the shared-prefix path of ``model`` against its plain forward (``lean.verify_once``) on the
+    longest of ``rows``, up front, before any micro-batch."""
+    if rows and prefix_support(model) is None:
         batch = collate([max(rows, key=len)]).to(next(model.parameters()).device)
         with autocast(options.precision, batch.input_ids.device):
-            verify_once(model, batch, options, _full_logprobs, forest=lambda b: _layout(b, [len(b)]))
-
-
-def _layout(batch: RowBatch, trees: Sequence[int]):
-    """The rows of ``batch`` as a forest of ``trees`` (rows per tree), trimmed to the longest row."""
-    lengths = batch.attention_mask.sum(1)
-    return build_forest(batch.input_ids[:, : int(lengths.max())], lengths.tolist(), trees)
+            verify_once(model, batch, options, _full_logprobs, shared=_shared_check)
 
 
 def _full_logprobs(model: torch.nn.Module, batch: RowBatch) -> torch.Tensor:

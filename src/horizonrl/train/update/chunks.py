@@ -1,21 +1,17 @@
-"""How the update splits rows into forward/backward micro-batches: by padded or packed tokens, or as
-forests of shared-prefix trees (``train/update/tree.py``), and, on several ranks, which are this rank's."""
+"""How the update splits rows into forward/backward micro-batches: by padded or packed tokens, or in
+lexicographic order with their shared prefixes forwarded once (``train/update/prefix.py``), and, on
+several ranks, which are this rank's."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from horizonrl.train.update.batching import micro_batches
-from horizonrl.train.update.tree import TreeCost, plan_trees, tree_tokens
+from horizonrl.train.update.prefix import PrefixCost, PrefixPlan, lexicographic, plan_prefix
 
-#: One micro-batch: positions of its rows, and how many consecutive rows form each tree (None: no trees).
-Chunk = tuple[list[int], list[int] | None]
-
-#: Trees are used for a batch of rows only when its forests cost at most this fraction of the FLOPs the
-#: plain micro-batches would (:func:`forward_cost`: padding and the dense tree mask's attention included):
-#: below 5 % the layout costs more than it saves (benchmarks/tree_training.py: 3 % fewer tokens on
-#: Mosaic forks ran 5 % slower).
-TREE_MAX_FRACTION = 0.95
+#: One micro-batch: positions of its rows, and the plan that forwards their shared prefixes once (None:
+#: every row on its own).
+Chunk = tuple[list[int], PrefixPlan | None]
 
 
 def update_chunks(
@@ -24,25 +20,44 @@ def update_chunks(
     world=None,
     *,
     packed: bool = False,
-    cost: TreeCost | None = None,
+    cost: PrefixCost | None = None,
 ) -> list[Chunk | None]:
     """Micro-batches of the rows ``seqs`` (token ids) for this rank; ``None``: an idle rank's turn.
 
     Without ``cost``: rows sorted by length and split by ``budget`` padded (``packed``: real) tokens.
-    With ``cost`` (tree training): shared-prefix trees (:func:`tree_chunks`) when, over all ranks, they
-    cost at most :data:`TREE_MAX_FRACTION` of the plain micro-batches' FLOPs (:func:`forward_cost`; the
-    same decision on every rank); otherwise the plain micro-batches. Counting FLOPs, not tokens, matters
-    for small models, whose attention over a wide tree's dense mask outweighs the tokens it saves.
+    With ``cost`` (``algo.tree_training: auto``, one process): the shared-prefix micro-batches of
+    :func:`prefix_chunks` when their forwards cost fewer FLOPs than the plain ones
+    (:func:`forward_cost`, a forward call's fixed cost included), otherwise the plain micro-batches.
     """
-    if cost is not None:
-        trees = plan_trees(seqs, cost, budget)
-        forest = _deal(seqs, trees, budget, None)
-        plain = _plain_chunks(seqs, budget, None, packed)
-        if forward_cost(seqs, forest, cost) <= TREE_MAX_FRACTION * forward_cost(
-            seqs, plain, cost, packed=packed
-        ):
-            return forest if world is None else _deal(seqs, trees, budget, world)
-    return _plain_chunks(seqs, budget, world, packed)
+    plain = _plain_chunks(seqs, budget, world, packed)
+    if cost is None or world is not None:
+        return plain
+    shared = prefix_chunks(seqs, cost, budget)
+    if forward_cost(seqs, shared, cost) < forward_cost(seqs, plain, cost, packed=packed):
+        return shared
+    return plain
+
+
+def prefix_chunks(seqs: Sequence[Sequence[int]], cost: PrefixCost, budget: int) -> list[Chunk]:
+    """Micro-batches of rows in lexicographic order, each with its :func:`plan_prefix`.
+
+    A micro-batch's size is the tokens its trie holds (each row adds what it does not share with the row
+    before it) plus, for each row, the keys and values it attends in a shared prefix expanded to its
+    batch (``cost.kv_share`` of a token each); a row that would take it past ``budget`` starts the
+    next one (a row longer than the budget gets one of its own).
+    """
+    order, lcp = lexicographic(seqs)
+    groups: list[list[int]] = []
+    size = 0.0
+    for i, shared in zip(order, lcp, strict=True):
+        add = len(seqs[i]) - shared + cost.kv_share * shared
+        if groups and size + add <= budget:
+            groups[-1].append(i)
+            size += add
+        else:
+            groups.append([i])
+            size = len(seqs[i])
+    return [(g, plan_prefix([seqs[i] for i in g], cost)) for g in groups]
 
 
 def _plain_chunks(seqs: Sequence[Sequence[int]], budget: int, world, packed: bool) -> list[Chunk | None]:
@@ -51,43 +66,47 @@ def _plain_chunks(seqs: Sequence[Sequence[int]], budget: int, world, packed: boo
     return [None if c is None else ([order[p] for p in c], None) for c in chunks]
 
 
-def _forwards(
-    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], packed: bool
-) -> list[tuple[int, int]]:
-    """``(sequences, width)`` of each chunk's forward: rows x longest row (``packed``: one sequence of the
-    rows' tokens), or for a forest trees x largest tree."""
-    out = []
-    for chunk in chunks:
-        if chunk is None:
-            continue
-        pos, trees = chunk
-        if trees is None:
-            lengths = [len(seqs[i]) for i in pos]
-            out.append((1, sum(lengths)) if packed else (len(lengths), max(lengths)))
-            continue
-        sizes, start = [], 0
-        for n in trees:
-            sizes.append(tree_tokens(seqs, pos[start : start + n]))
-            start += n
-        out.append((len(sizes), max(sizes)))
-    return out
+def _plain_shape(lengths: Sequence[int], packed: bool) -> tuple[int, int]:
+    """``(sequences, width)`` of a plain micro-batch: rows x longest row, or one packed sequence."""
+    return (1, sum(lengths)) if packed else (len(lengths), max(lengths))
 
 
 def forwarded_tokens(
     seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], *, packed: bool = False
 ) -> int:
     """Tokens the forwards of ``chunks`` process, padding included: rows x longest row (``packed``: the
-    rows' lengths), or for a forest trees x largest tree."""
-    return sum(count * width for count, width in _forwards(seqs, chunks, packed))
+    rows' lengths), or a plan's shared segments and padded tails (``PrefixPlan.tokens``)."""
+    total = 0
+    for chunk in chunks:
+        if chunk is None:
+            continue
+        pos, plan = chunk
+        lengths = [len(seqs[i]) for i in pos]
+        if plan is not None and plan.shares:
+            total += plan.tokens(lengths)
+        else:
+            rows, width = _plain_shape(lengths, packed)
+            total += rows * width
+    return total
 
 
 def forward_cost(
-    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], cost: TreeCost, *, packed: bool = False
+    seqs: Sequence[Sequence[int]], chunks: Sequence[Chunk | None], cost: PrefixCost, *, packed: bool = False
 ) -> float:
-    """FLOPs of the forwards of ``chunks`` by ``cost``: a padded micro-batch is rows x ``cost.tree(longest
-    row)`` (a causal row is costed like a tree of its tokens), a packed one ``cost.tree(its tokens)`` (the
-    masked attention spans the whole pack on CPU), a forest trees x ``cost.tree(largest tree)``."""
-    return sum(count * cost.tree(width) for count, width in _forwards(seqs, chunks, packed))
+    """FLOPs of the forwards of ``chunks`` by ``cost``: a plain micro-batch is one
+    ``cost.forward(rows, longest row)`` (packed: one sequence of its tokens; the masked attention spans
+    the whole pack on CPU), a shared one its plan's forwards (``PrefixPlan.cost``)."""
+    total = 0.0
+    for chunk in chunks:
+        if chunk is None:
+            continue
+        pos, plan = chunk
+        lengths = [len(seqs[i]) for i in pos]
+        if plan is not None and plan.shares:
+            total += plan.cost(lengths, cost)
+        else:
+            total += cost.forward(*_plain_shape(lengths, packed))
+    return total
 
 
 def rank_chunks(
@@ -108,28 +127,3 @@ def rank_chunks(
     ]
     n = int(world.max([len(chunks)])[0])
     return chunks + [None] * (n - len(chunks))
-
-
-def tree_chunks(seqs: Sequence[Sequence[int]], cost: TreeCost, budget: int, world=None) -> list[Chunk | None]:
-    """Micro-batches of a forest: ``(positions into seqs, rows per tree)`` for this rank.
-
-    Trees (:func:`plan_trees`) are sorted by size and split so that ``trees x largest tree`` stays
-    within ``budget`` (padded tokens, as the plain path counts them); with ``world`` whole trees are
-    dealt to the ranks and ``None`` pads a rank's list (:func:`rank_chunks`).
-    """
-    return _deal(seqs, plan_trees(seqs, cost, budget), budget, world)
-
-
-def _deal(seqs: Sequence[Sequence[int]], trees: list[list[int]], budget: int, world) -> list[Chunk | None]:
-    """:func:`tree_chunks` of already planned ``trees``."""
-    sizes = [tree_tokens(seqs, t) for t in trees]
-    # By size, then by tokens: the forests do not depend on the order the rows came in.
-    order = sorted(range(len(trees)), key=lambda t: (sizes[t], list(seqs[trees[t][0]])))
-    out: list[Chunk | None] = []
-    for chunk in rank_chunks([sizes[t] for t in order], budget, world):
-        if chunk is None:
-            out.append(None)
-            continue
-        picked = [trees[order[c]] for c in chunk]
-        out.append(([i for t in picked for i in t], [len(t) for t in picked]))
-    return out

@@ -50,7 +50,7 @@ class ForwardOptions:
 
     ``chunk_tokens``: positions per LM-head chunk (0 = the plain full-logits path); ``pack``: one
     packed sequence per micro-batch; ``precision``: ``'fp32'`` or ``'bf16'`` (autocast); ``tree``:
-    micro-batches are planned as shared-prefix forests (``train/update/tree.py``) where the model allows.
+    rows that share a token prefix forward it once (``train/update/prefix.py``) where that pays.
     """
 
     chunk_tokens: int = 0
@@ -156,10 +156,8 @@ class LogprobHead(torch.nn.Module):
         return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
-def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions, forest=None) -> torch.Tensor:
-    """``token_logprobs`` of a right-padded ``RowBatch`` through the chunked head and/or packed rows,
-    or through ``forest`` (the batch's rows as shared-prefix trees,
-    :class:`~horizonrl.train.update.tree.Forest`).
+def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions) -> torch.Tensor:
+    """``token_logprobs`` of a right-padded ``RowBatch`` through the chunked head and/or packed rows.
 
     Positions without a target (padding) are 0; the rest equal the plain path to float rounding.
     """
@@ -170,16 +168,7 @@ def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions, forest=No
     targets = batch.targets[:, : T - 1][valid]
     temps = batch.temperatures[:, : T - 1][valid]
     temps = temps if bool((temps != 1.0).any()) else None
-    if forest is not None:
-        where = forest.where[:, :T]
-        impl = getattr(unwrap(model).config, "_attn_implementation", "sdpa")
-        dtype = next(unwrap(model).parameters()).dtype
-        kwargs = {
-            "input_ids": forest.input_ids,
-            "position_ids": forest.position_ids,
-            "attention_mask": forest.attention_mask(impl, dtype),
-        }
-    elif opts.pack:
+    if opts.pack:
         where = torch.cumsum(att.reshape(-1).long(), 0).reshape(B, T) - 1  # token's place in the packed row
         kwargs = {
             "input_ids": batch.input_ids[:, :T][att].unsqueeze(0),
@@ -212,29 +201,29 @@ def verify_once(
     plain: Callable,
     *,
     tokens: int = 24,
-    forest: Callable | None = None,
+    shared: Callable | None = None,
 ) -> None:
     """Compare :func:`lean_logprobs` with ``plain`` on the first two rows' first ``tokens`` tokens, once
     per model and option kind; a ConfigError when they differ by more than float rounding.
 
-    ``forest`` (a function laying a batch out as one shared-prefix tree, ``tree.build_forest``): check
-    the tree path instead, on the first row and a copy of it whose second half is reversed (two rows
-    that share a prefix and then diverge).
+    ``shared`` (``shared(model, batch, opts)``: log-probs with the rows' common prefix forwarded once,
+    ``prefix.shared_logprobs``): check that path instead, on the first row and a copy of it whose second
+    half is reversed (two rows that share a prefix and then diverge).
 
     Runs without autocast and without gradients. The tolerance is 2e-3 nats for float32 parameters and
     5e-2 for 16-bit ones: a structural difference (logit post-processing, packed position ids ignored)
     on a real model is larger, but on a near-uniform random model it may stay under it.
     """
-    key = (opts.chunk_tokens > 0, opts.pack and forest is None, forest is not None)
+    key = (opts.chunk_tokens > 0, opts.pack and shared is None, shared is not None)
     try:
         done = _VERIFIED.setdefault(model, set())
     except TypeError:  # not weak-referenceable: check every call
         done = set()
     if key in done:
         return
-    n = 1 if forest is not None else min(2, len(batch))
+    n = 1 if shared is not None else min(2, len(batch))
     L = min(tokens, int(batch.attention_mask[:n].sum(1).max()))
-    if L < 2 or (opts.pack and n < 2 and forest is None):  # nothing to compare: check a later batch
+    if L < 2 or (opts.pack and n < 2 and shared is None):  # nothing to compare: check a later batch
         return
     W = batch.input_ids.shape[1]
     small = type(batch)(
@@ -244,20 +233,19 @@ def verify_once(
             for v in [getattr(batch, k)]
         }
     )
-    layout = None
-    if forest is not None:
+    if shared is not None:
         if L < 4:
             return
         small = type(small)(**{k: torch.cat([v, v]) for k, v in vars(small).items()})
         small.input_ids[1, L // 2 : L] = small.input_ids[1, L // 2 : L].flip(0)
         small.targets[1] = small.input_ids[1, 1:L]
-        layout = forest(small)
     training = model.training
     try:
         with torch.no_grad(), torch.autocast(small.input_ids.device.type, enabled=False):
             model.eval()  # no dropout: both paths must see the same function
             ref = plain(model, small)
-            got = lean_logprobs(model, small, ForwardOptions(min(opts.chunk_tokens, 5), opts.pack), layout)
+            small_opts = ForwardOptions(min(opts.chunk_tokens, 5), opts.pack and shared is None)
+            got = (shared or lean_logprobs)(model, small, small_opts)
     finally:
         model.train(training)
     valid = small.attention_mask[:, 1:L].bool()
@@ -266,11 +254,11 @@ def verify_once(
     tol = 2e-3 if dtype in (torch.float32, torch.float64) else 5e-2
     if not diff <= tol:
         impl = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", "?")
-        what = "tree " if forest is not None else "packed " if opts.pack else ""
-        fields = "algo.tree_training=auto" if forest is not None else _fields(opts)
+        what = "shared-prefix " if shared is not None else "packed " if opts.pack else ""
+        fields = "algo.tree_training=auto" if shared is not None else _fields(opts)
         fix = (
             "algo.tree_training=off"
-            if forest is not None
+            if shared is not None
             else "train.logprob_chunk_tokens=0 and algo.pack_rows=false"
         )
         raise ConfigError(

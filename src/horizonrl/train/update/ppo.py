@@ -81,7 +81,7 @@ class UpdateSettings:
     logprob_chunk_tokens: int = 0
     pack_rows: bool = False
     precision: str = "fp32"
-    #: 'auto': rows sharing a token prefix are forwarded as trees (train/update/tree.py); 'off'.
+    #: 'auto': rows sharing a token prefix forward it once where that pays (train/update/prefix.py); 'off'.
     tree_training: str = "off"
 
     @property
@@ -258,9 +258,12 @@ def ppo_update(
 
     ``world`` (:class:`horizonrl.world.World`, with ``model`` wrapped by
     ``world.wrap``): every rank passes all rows and trains its share of each mini-batch with
-    the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`; whole
-    shared-prefix trees with ``algo.tree_training``); gradients and metrics are summed across ranks, so
-    the step equals the single-process one up to floating-point summation order.
+    the mini-batch's global coefficients (:func:`~horizonrl.train.update.chunks.rank_chunks`);
+    gradients and metrics are summed across ranks, so the step equals the single-process one up to
+    floating-point summation order.
+
+    ``train/forwarded_tokens``: tokens the loss loop's forwards processed over all epochs (padding
+    included; a prefix shared by ``k`` rows once), ``train/row_tokens``: the same rows' own tokens.
     """
     if not rows:
         return {}
@@ -302,6 +305,8 @@ def ppo_update(
             scheduler.step()
     out = means.means() | before | {"train/lr": lr_before}
     out["train/trainable_tokens"] = float(sum(r.num_trainable for r in rows))
+    forwarded, own = fwd.tokens
+    out["train/forwarded_tokens"], out["train/row_tokens"] = float(forwarded), float(own)
     out["train/rows"] = float(len(rows))
     return out | ({"train/skipped_batches": float(skipped)} if s.nonfinite == "skip" else {})
 
