@@ -10,7 +10,9 @@ alternating, from the recorded weights and a fresh AdamW each time, ``--repeats`
 - ``tokens``: tokens the update's forwards process (padding included), plain against shared, and the
   rows' own tokens;
 - ``update s``: the whole ``ppo_update`` (recomputed pi_old included where the config recomputes it),
-  best of ``--repeats``, and trained (trainable) tokens per second;
+  best of ``--repeats``, and trained (trainable) tokens per second, in three modes: ``before`` (the
+  update before this work: sharing off and the LM head at every position), ``off`` (sharing off, the
+  head only where a loss reads) and ``auto``;
 - ``recompute s``: the no-grad recompute pass (``score_rows``) alone, off and auto;
 - ``peak MB``: the process's resident memory above its level before the update, sampled every 5 ms;
 - ``phases`` (``auto``): where the shared update's time goes (recompute, forward, backward,
@@ -26,7 +28,9 @@ Settings (shipped configs; the tiny ones with shortened warm starts so the scrip
 - ``mosaic``: ``mosaic_fork_lookup`` (subagent forks sharing their parent's context, tiny model).
 
 ``--docs`` writes the smollm2 table into docs/models.md's ``<!-- prefix-training -->`` block and the
-tiny settings' into docs/scale.md's. Time it alone on the machine (2 cores: nothing else running)::
+tiny settings' into docs/scale.md's. On a CPU without bf16 units (no ``amx_bf16`` / ``avx512_bf16``) SmolLM2's
+packaged bf16 settings run in float32 instead (``--precision``; torch emulates bf16 there, and the bf16
+update measured 25x slower). Time it alone on the machine (2 cores: nothing else running)::
 
     .venv/bin/python benchmarks/prefix_training.py --settings smollm2 --docs
     .venv/bin/python benchmarks/prefix_training.py --settings grpo rtpo mosaic --docs
@@ -35,6 +39,7 @@ tiny settings' into docs/scale.md's. Time it alone on the machine (2 cores: noth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -68,7 +73,13 @@ COMMON = [
     f"train.eval_every={10**6}",
     "train.save_every=0",
     "train.progress=false",
+    "env.test_tasks=4",  # the trainer evaluates after its last step: keep it short
 ]
+
+
+#: Where the CPU emulates bf16 (no amx_bf16 / avx512_bf16), SmolLM2's packaged bf16 settings run in
+#: float32 (its bf16 autocast update measured 25x slower there): ``--precision fp32``.
+FP32 = ["train.precision=fp32", "inference.params.dtype=float32"]
 
 
 def capture(config: str, overrides: list[str], steps: int, work: Path):
@@ -141,9 +152,29 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@contextlib.contextmanager
+def _mode(mode: str):
+    """``before``: the update as it was before prefix sharing, sharing off and the LM head run at every
+    position (``loss_positions`` all true); ``off`` / ``auto``: ``tree_training``."""
+    import horizonrl.train.update.forward as forward
+
+    original = forward.loss_positions
+    if mode == "before":
+        forward.loss_positions = lambda batch: torch.ones_like(batch.mask, dtype=torch.bool)
+    try:
+        yield "off" if mode == "before" else mode
+    finally:
+        forward.loss_positions = original
+
+
 def time_updates(model, calls, mode: str, device: str = "cpu") -> tuple[float, float]:
-    """(seconds, peak MB) of ``ppo_update`` over every recorded call with ``tree_training=mode`` (on a
+    """(seconds, peak MB) of ``ppo_update`` over every recorded call in ``mode`` (:func:`_mode`; on a
     GPU the peak is torch's allocated memory, on the CPU the process's resident memory)."""
+    with _mode(mode) as tree:
+        return _time_updates(model, calls, tree, device)
+
+
+def _time_updates(model, calls, mode: str, device: str) -> tuple[float, float]:
     from horizonrl.train.update.ppo import ppo_update
 
     model.to(device)
@@ -186,7 +217,7 @@ def time_recompute(model, calls, mode: str, device: str = "cpu") -> float:
 def phases(model, calls) -> dict:
     """Where the shared update's time goes: one pass over each recorded call's rows (recompute,
     forward, backward, AdamW step), and its FLOPs against a matrix product of the model's width."""
-    from horizonrl.train.update.batching import collate
+    from horizonrl.train.update.batching import collate, loss_positions
     from horizonrl.train.update.chunks import forward_cost
     from horizonrl.train.update.forward import RowForward
     from horizonrl.train.update.prefix import PrefixCost
@@ -217,28 +248,28 @@ def phases(model, calls) -> dict:
         opt.zero_grad(set_to_none=True)
         out["step_s"] += time.perf_counter() - t
         chunks = [(m.positions, m.plan) for m in micro]
-        targets = sum(len(r) - 1 for r in rows)
-        # forward + backward (twice the forward) of the decoder, and of the LM head over every target.
+        targets = sum(int(loss_positions(m.batch).sum()) for m in micro)
+        # forward + backward (twice the forward) of the decoder, and of the LM head where a loss reads.
         out["gflop"] += (
             3 * (forward_cost(seqs, chunks, dataclasses.replace(cost, per_call=0.0)) + targets * head) / 1e9
         )
-    out["matmul_gflops"] = matmul_gflops(model)
+    out["matmul_gflops"] = matmul_gflops(model, calls[0][2].precision)
     busy = out["forward_s"] + out["backward_s"]
     out["achieved_gflops"] = out["gflop"] / busy if busy else 0.0
     out["floor_s"] = out["gflop"] / out["matmul_gflops"]
     return {k: round(v, 2) for k, v in out.items()}
 
 
-def matmul_gflops(model) -> float:
-    """GFLOP/s of ``[2048, H] x [H, I]`` products under the update's precision (bf16 autocast when the
-    model's update runs under it; the best of 5)."""
+def matmul_gflops(model, precision: str) -> float:
+    """GFLOP/s of ``[2048, H] x [H, I]`` products under the update's ``precision`` (bf16: autocast;
+    the best of 5)."""
     H, width = (
         model.config.hidden_size,
         getattr(model.config, "intermediate_size", 4 * model.config.hidden_size),
     )
     a, b = torch.randn(2048, H), torch.randn(H, width)
     best = float("inf")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         for _ in range(5):
             t = time.perf_counter()
             for _ in range(10):
@@ -249,23 +280,26 @@ def matmul_gflops(model) -> float:
 
 def bench_setting(name: str, args) -> dict:
     config, overrides, steps = SETTINGS[name]
+    if args.precision == "fp32":
+        overrides = [*overrides, *FP32]
     work = Path(tempfile.mkdtemp(prefix=f"horizonrl-bench-prefix-{name}-"))
     model, calls = capture(config, overrides, args.steps or steps, work)
     plain = shared = own = 0
     for _, rows, settings in calls:
         p, s, o = forwarded(model, rows, settings)
         plain, shared, own = plain + p, shared + s, own + o
-    best = {"off": (float("inf"), 0.0), "auto": (float("inf"), 0.0)}
+    best = {"before": (float("inf"), 0.0), "off": (float("inf"), 0.0), "auto": (float("inf"), 0.0)}
     recompute = {"off": float("inf"), "auto": float("inf")}
     for _ in range(args.repeats):
         for mode in best:
             t, mb = time_updates(model, calls, mode, args.device)
             best[mode] = min(best[mode], (t, mb))
-            if calls[0][2].old_logprobs == "recompute":
+            if mode in recompute and calls[0][2].old_logprobs == "recompute":
                 recompute[mode] = min(recompute[mode], time_recompute(model, calls, mode, args.device))
     trained = sum(r.num_trainable for _, rows, _ in calls for r in rows)
     out = {
         "config": config,
+        "precision": calls[0][2].precision,
         "updates": len(calls),
         "rows": sum(len(rows) for _, rows, _ in calls),
         "tokens_rows": own,
@@ -273,11 +307,10 @@ def bench_setting(name: str, args) -> dict:
         "tokens_shared": shared,
         "token_ratio": round(plain / max(shared, 1), 2),
         "trained_tokens": trained,
-        "update_s_off": round(best["off"][0], 2),
-        "update_s_auto": round(best["auto"][0], 2),
-        "trained_tok_s_off": round(trained / best["off"][0], 1),
-        "trained_tok_s_auto": round(trained / best["auto"][0], 1),
+        **{f"update_s_{m}": round(best[m][0], 2) for m in best},
+        **{f"trained_tok_s_{m}": round(trained / best[m][0], 1) for m in best},
         "speedup": round(best["off"][0] / max(best["auto"][0], 1e-9), 2),
+        "speedup_before": round(best["before"][0] / max(best["auto"][0], 1e-9), 2),
         "peak_mb_off": round(best["off"][1]),
         "peak_mb_auto": round(best["auto"][1]),
     }
@@ -292,8 +325,8 @@ def bench_setting(name: str, args) -> dict:
 def table(results: dict) -> list[str]:
     """The printed table of a run (``--docs`` writes it between the markers)."""
     head = (
-        "setting  updates  rows  tokens rows/plain/shared  update s off/auto  trained tok/s off/auto  "
-        "speedup  recompute s off/auto  peak MB off/auto"
+        "setting  precision  updates  rows  tokens rows/plain/shared  update s before/off/auto  "
+        "trained tok/s before/off/auto  auto vs off/before  recompute s off/auto  peak MB off/auto"
     )
     lines = [head]
     for name, r in results.items():
@@ -303,9 +336,11 @@ def table(results: dict) -> list[str]:
             else " " * 19
         )
         lines.append(
-            f"{name:<7}  {r['updates']:>7}  {r['rows']:>4}  {r['tokens_rows']:>7}/{r['tokens_plain']:>6}/"
-            f"{r['tokens_shared']:<6}  {r['update_s_off']:>8.2f}/{r['update_s_auto']:<8.2f}  "
-            f"{r['trained_tok_s_off']:>10.1f}/{r['trained_tok_s_auto']:<11.1f}  {r['speedup']:>6.2f}x  "
+            f"{name:<7}  {r['precision']:<9}  {r['updates']:>7}  {r['rows']:>4}  "
+            f"{r['tokens_rows']:>7}/{r['tokens_plain']:>6}/"
+            f"{r['tokens_shared']:<6}  {r['update_s_before']:>8.2f}/{r['update_s_off']:.2f}/"
+            f"{r['update_s_auto']:<8.2f}  {r['trained_tok_s_before']:>10.1f}/{r['trained_tok_s_off']:.1f}/"
+            f"{r['trained_tok_s_auto']:<11.1f}  {r['speedup']:>7.2f}x/{r['speedup_before']:.2f}x  "
             f"{rec}  {r['peak_mb_off']:>7}/{r['peak_mb_auto']:<7}".rstrip()
         )
     for name, r in results.items():
@@ -340,9 +375,20 @@ def main() -> None:
     ap.add_argument("--no-phases", dest="phases", action="store_false", help="skip the phase profile")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--device", default="cpu", help="where the updates are timed (cpu, cuda)")
+    ap.add_argument(
+        "--precision",
+        choices=["auto", "packaged", "fp32"],
+        default="auto",
+        help="packaged: each config's own; fp32: the update and sampling in float32; auto: fp32 on a CPU "
+        "that emulates bf16 (no amx_bf16 / avx512_bf16), else packaged",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--docs", action="store_true", help="write the tables into docs/models.md / scale.md")
     args = ap.parse_args()
+    if args.precision == "auto":
+        from horizonrl.inference.precision import cpu_has_bf16_units
+
+        args.precision = "packaged" if args.device != "cpu" or cpu_has_bf16_units() else "fp32"
     torch.set_num_threads(args.threads)
     out = {name: bench_setting(name, args) for name in args.settings}
     print(json.dumps(out, indent=2))
@@ -352,7 +398,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     if args.docs:
         names = " ".join(args.settings)
-        extra = f" --repeats {args.repeats}" + ("" if args.phases else " --no-phases")
+        extra = f" --repeats {args.repeats} --precision {args.precision}"
+        extra += "" if args.phases else " --no-phases"
         write_docs(out, f".venv/bin/python benchmarks/prefix_training.py --settings {names}{extra} --docs")
 
 

@@ -15,12 +15,14 @@ Rows (each in its own subprocess, ``--threads`` torch threads, its address space
 - ``horizonrl-bf16``: the packaged ``smollm2_math_python.yaml`` settings (bf16 sampling copy, shared
   static prefix, all rows in one batch, pi_old recomputed with TIS, bf16-autocast update with float32
   master weights, chunked log-probs);
+- ``horizonrl-pkg-fp32``: the packaged settings with the update and the sampling copy in float32 (for
+  a CPU without bf16 units, where torch emulates bf16 and the bf16 rows run many times slower);
 - ``horizonrl-fp32``: the library's float32 defaults (``smollm2_rollout.BEFORE``);
 - ``trl-bf16[-ckpt]``: TRL's ``bf16=True`` (autocast, float32 master weights), with / without its
   gradient checkpointing;
 - ``trl-bf16w[-ckpt]``: the weights themselves in bfloat16 (``dtype=bfloat16``, ``bf16=True``;
   bf16 optimizer state too: faster, not what horizonrl trains with);
-- ``trl-fp32-ckpt``: float32 with checkpointing.
+- ``trl-fp32-ckpt``, ``trl-fp32``: float32 with and without checkpointing.
 
 Measured: completion tokens generated per second of training wall time over ``--steps`` steps after one
 warm-up step (generation, scoring, the update; each library's bookkeeping included), seconds per step,
@@ -55,15 +57,20 @@ CACHE = Path.home() / ".cache" / "horizonrl" / "smollm2-135m-instruct"
 #: The few-shot examples are the expert's episodes with up to this many turns (a tool call, then the
 #: answer); the task itself is single-turn (``rollout.max_turns=1``), so the examples are built with this.
 EXAMPLE_TURNS = 4
+#: The packaged settings with the update and the sampling copy in float32 (for a CPU without bf16 units,
+#: where torch emulates bf16).
+FP32 = ["train.precision=fp32", "inference.params.dtype=float32"]
 #: name -> (library, settings)
 ROWS = {
     "horizonrl-bf16": ("horizonrl", []),
+    "horizonrl-pkg-fp32": ("horizonrl", FP32),
     "horizonrl-fp32": ("horizonrl", BEFORE),
     "trl-bf16-ckpt": ("trl", {"dtype": "float32", "bf16": True, "checkpointing": True}),
     "trl-bf16": ("trl", {"dtype": "float32", "bf16": True, "checkpointing": False}),
     "trl-bf16w-ckpt": ("trl", {"dtype": "bfloat16", "bf16": True, "checkpointing": True}),
     "trl-bf16w": ("trl", {"dtype": "bfloat16", "bf16": True, "checkpointing": False}),
     "trl-fp32-ckpt": ("trl", {"dtype": "float32", "bf16": False, "checkpointing": True}),
+    "trl-fp32": ("trl", {"dtype": "float32", "bf16": False, "checkpointing": False}),
 }
 
 
@@ -201,19 +208,19 @@ def main() -> None:
     for name in names:
         res[name] = r = _run(name, sys.argv[1:])  # a child writes no --json
         line = r.get("error") or f"{r['tok_s']:7.1f} tok/s {r['seconds'] / r['steps']:7.1f} s/step"
-        emit(f"  {name:15s} {line}")
+        emit(f"  {name:18s} {line}")
     trl_ok = [n for n in names if ROWS[n][0] == "trl" and "tok_s" in res[n]]
     best = max(trl_ok, key=lambda n: res[n]["tok_s"]) if trl_ok else None
-    emit(f"\n{'row':15s} {'tok/s':>7s} {'s/step':>7s} {'RSS GB':>7s}  vs {best or 'TRL (none ran)'}")
+    emit(f"\n{'row':18s} {'tok/s':>7s} {'s/step':>7s} {'RSS GB':>7s}  vs {best or 'TRL (none ran)'}")
     for name in names:
         r = res[name]
         if "error" in r:
-            emit(f"{name:15s} {r['error']}")
+            emit(f"{name:18s} {r['error']}")
             continue
         r["s_per_step"] = round(r["seconds"] / r["steps"], 2)
         r["ratio_to_trl_fastest"] = round(r["tok_s"] / res[best]["tok_s"], 2) if best else None
         ratio = f"{r['ratio_to_trl_fastest']:.2f}x" if best else "-"
-        emit(f"{name:15s} {r['tok_s']:7.1f} {r['s_per_step']:7.1f} {r['peak_rss_gb']:7.2f}  {ratio}")
+        emit(f"{name:18s} {r['tok_s']:7.1f} {r['s_per_step']:7.1f} {r['peak_rss_gb']:7.2f}  {ratio}")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "child", "docs")}
         out = {"settings": {**settings, "prompt_tokens": lengths}, "trl_fastest": best, "rows": res}

@@ -4,12 +4,14 @@ checkpointing and micro-batches sized from memory, each against the plain full-l
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from horizonrl.config import ConfigError, load_config
+from horizonrl.errors import HorizonWarning
 from horizonrl.models import load_model_and_tokenizer
 from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
 from horizonrl.train.update.lean import (
@@ -17,6 +19,7 @@ from horizonrl.train.update.lean import (
     ForwardOptions,
     auto_micro_batch_tokens,
     enable_gradient_checkpointing,
+    warn_emulated_bf16,
 )
 from horizonrl.train.update.ppo import UpdateSettings, ppo_update, score_rows
 from horizonrl.trajectory import Row
@@ -180,6 +183,22 @@ def test_bf16_precision_keeps_float32_master_weights_and_optimizer_state(tiny):
     state = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.numel() > 1]
     assert state and all(t.dtype == torch.float32 for t in state)
     assert m16["train/loss"] == pytest.approx(m32["train/loss"], rel=2e-2)
+
+
+@pytest.mark.parametrize("has_units", [False, True])
+def test_bf16_update_on_a_cpu_without_bf16_units_warns(monkeypatch, has_units):
+    import horizonrl.inference.precision as precision_mod
+
+    monkeypatch.setattr(precision_mod, "cpu_has_bf16_units", lambda: has_units)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warn_emulated_bf16("bf16", "cpu")
+        warn_emulated_bf16("fp32", "cpu")  # float32 never warns
+        warn_emulated_bf16("bf16", "meta")  # nor a device other than the CPU
+    named = [w for w in seen if issubclass(w.category, HorizonWarning)]
+    assert len(named) == (0 if has_units else 1)
+    if named:
+        assert "train.precision=fp32" in str(named[0].message)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from horizonrl.errors import ConfigError
-from horizonrl.train.update.batching import SHARE_ALL, collate, token_logprobs
+from horizonrl.train.update.batching import SHARE_ALL, collate, loss_positions, token_logprobs
 from horizonrl.train.update.chunks import forward_cost, forwarded_tokens, prefix_chunks, update_chunks
 from horizonrl.train.update.lean import ForwardOptions, enable_gradient_checkpointing
 from horizonrl.train.update.ppo import UpdateSettings, ppo_update, score_rows
@@ -233,8 +233,31 @@ def test_the_recomputed_pi_old_equals_the_plain_scores():
         shared = score_rows(
             model, rows, device="cpu", pad_id=0, micro_batch_tokens=4096, forward=ForwardOptions(tree=True)
         )
-    for a, b in zip(plain, shared, strict=True):
-        assert torch.allclose(a, b, atol=2e-5)
+    for r, a, b in zip(rows, plain, shared, strict=True):
+        read = torch.tensor(r.trainable[1:])  # the positions a loss reads; the head skips the prompt
+        assert torch.allclose(a[read], b[read], atol=2e-5)
+        assert not bool(b[~read].any()) and bool(a[~read].all())
+
+
+def test_the_head_runs_only_where_a_loss_reads():
+    """``read`` leaves the LM head out at prompt and tool positions: the read ones equal the plain
+    forward, the others are 0, on the chunked and on the shared path; a generated turn's untrainable
+    tokens (``turn_ids >= 0``, averaged by turn-level ratios) are read too."""
+    rng = random.Random(4)
+    rows = grpo_group(rng)
+    rows[0].trainable[-3:] = [False] * 3  # generated (turn id 0) but masked, e.g. a truncated turn
+    model = tiny_decoder("llama")
+    batch = collate(rows)
+    read = loss_positions(batch)
+    last = slice(len(rows[0]) - 4, len(rows[0]) - 1)  # target j is token j + 1
+    assert bool(read[0, last].all()) and not bool(batch.mask[0, last].any())
+    with torch.no_grad():
+        plain = token_logprobs(model, batch)
+        seqs = [r.input_ids for r in rows]
+        for plan in (None, plan_prefix(seqs, SHARE_ALL)):
+            got = token_logprobs(model, batch, ForwardOptions(chunk_tokens=5), plan, read=read)
+            assert torch.allclose(got[read], plain[read], atol=2e-5)
+            assert not bool(got[~read].any())
 
 
 def test_models_that_cannot_share_train_every_row_on_its_own(monkeypatch):

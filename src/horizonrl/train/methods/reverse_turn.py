@@ -328,7 +328,7 @@ class ReverseTurnTrainer(WorkspaceTrainer):
         return build_rows(views, adv)
 
     def scored(self, rows: list[Row]):
-        """Training-model log-probs of every row's target positions (no grad)."""
+        """Training-model log-probs of every row's trainable positions (no grad; :func:`score_rows`)."""
         return score_rows(
             self.model,
             rows,

@@ -62,7 +62,11 @@ from horizonrl.train.rollout.workers import (
 from horizonrl.train.trainers.checks import check_resume_config, check_run, ensure_dir
 from horizonrl.train.trainers.loop import Trainer
 from horizonrl.train.trainers.registry import async_trainers
-from horizonrl.train.update.lean import enable_gradient_checkpointing, resolve_micro_batch_tokens
+from horizonrl.train.update.lean import (
+    enable_gradient_checkpointing,
+    resolve_micro_batch_tokens,
+    warn_emulated_bf16,
+)
 from horizonrl.train.update.ppo import UpdateSettings
 from horizonrl.train.warmstart.bootstrap import load_policy, resolve_device
 from horizonrl.train.warmstart.few_shot import few_shot_messages
@@ -352,6 +356,7 @@ def build_workspace(cfg: RunConfig, *, resume: bool, shared_engine: bool, loss_a
     world = init_world(cfg.distributed, device)
     if world is not None:
         device = world.device
+    warn_emulated_bf16(cfg.train.precision, device)
     setup = env_setup(cfg.env, run_dir=run_dir)
     train_tasks = setup.tasks(cfg.env.train_tasks, seed=cfg.env.seed, split="train")
     test_tasks = setup.tasks(cfg.env.test_tasks, seed=cfg.env.seed, split="test")

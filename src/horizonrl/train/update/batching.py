@@ -111,6 +111,8 @@ def token_logprobs(
     batch: RowBatch,
     options: ForwardOptions | None = None,
     plan: PrefixPlan | None = None,
+    *,
+    read: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-prob of each target token under ``model``, ``[B, T-1]``.
 
@@ -125,16 +127,27 @@ def token_logprobs(
     ``plan`` (:func:`~horizonrl.train.update.prefix.plan_prefix` of the batch's rows, from
     :func:`~horizonrl.train.update.chunks.update_chunks`): the rows' shared prefixes are forwarded once
     (``train/update/prefix.py``) when the plan shares one and the model can.
+
+    ``read`` (bool, the shape of ``batch.targets``; :func:`loss_positions`): on the chunked, packed and
+    shared paths the LM head runs only at these positions and the rest are 0 (the decoder still runs
+    over every token). The head's ``2 H V`` FLOPs a position are a fifth of SmolLM2's forward, and an
+    agent's rows are mostly prompt and tool tokens that no loss reads.
     """
     options = options or ForwardOptions()
     with autocast(options.precision, batch.input_ids.device):
         if plan is not None and plan.shares and prefix_support(model) is None:
             verify_once(model, batch, options, _full_logprobs, shared=_shared_check)
-            return shared_logprobs(model, batch, options, plan)
+            return shared_logprobs(model, batch, options, plan, read=read)
         if not options.rewritten:
             return _full_logprobs(model, batch)
         verify_once(model, batch, options, _full_logprobs)
-        return lean_logprobs(model, batch, options)
+        return lean_logprobs(model, batch, options, read=read)
+
+
+def loss_positions(batch: RowBatch) -> torch.Tensor:
+    """Target positions whose log-prob the update reads: trainable ones (``mask``) and every token of a
+    generated turn (``turn_ids >= 0``, which turn-level ratios average over)."""
+    return (batch.mask > 0) | (batch.turn_ids >= 0)
 
 
 #: A cost under which every common prefix is worth a forward of its own (the checks' plans).

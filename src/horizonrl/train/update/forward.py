@@ -30,7 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-from horizonrl.train.update.batching import RowBatch, collate, token_logprobs, verify_shared
+from horizonrl.train.update.batching import (
+    RowBatch,
+    collate,
+    loss_positions,
+    token_logprobs,
+    verify_shared,
+)
 from horizonrl.train.update.chunks import forwarded_tokens, update_chunks
 from horizonrl.train.update.lean import ForwardOptions, unwrap
 from horizonrl.train.update.prefix import PrefixPlan, prefix_cost
@@ -56,8 +62,9 @@ class MicroBatch:
     last: bool
 
     def logprobs(self, model: torch.nn.Module, options: ForwardOptions) -> torch.Tensor:
-        """``[B, T-1]`` log-probs of the targets under ``model`` (:func:`token_logprobs`)."""
-        return token_logprobs(model, self.batch, options, self.plan)
+        """``[B, T-1]`` log-probs of the targets under ``model`` (:func:`token_logprobs`), at the
+        positions a loss reads (:func:`loss_positions`; the rest may be 0)."""
+        return token_logprobs(model, self.batch, options, self.plan, read=loss_positions(self.batch))
 
 
 class RowForward:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +76,25 @@ def autocast(precision: str, device: torch.device | str):
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def warn_emulated_bf16(precision: str, device: torch.device | str) -> None:
+    """Warn when ``train.precision=bf16`` runs on a CPU without bf16 units (``amx_bf16`` /
+    ``avx512_bf16``): torch emulates bf16 matrix products there, and the update's forward and backward
+    under autocast ran 25x slower than in float32 on such a CPU (SmolLM2's shape, 2 AVX2 cores)."""
+    from horizonrl.errors import HorizonWarning
+    from horizonrl.inference.precision import cpu_has_bf16_units
+
+    if precision != "bf16" or torch.device(device).type != "cpu" or cpu_has_bf16_units():
+        return
+    warnings.warn(
+        "train.precision=bf16 on a CPU without bf16 units (no amx_bf16 / avx512_bf16 in /proc/cpuinfo): "
+        "torch emulates bf16 matrix products there, and the update runs many times slower than in float32 "
+        "(25x measured for SmolLM2 on AVX2 cores); set train.precision=fp32 (and leave "
+        "inference.params.dtype unset) on this machine",
+        HorizonWarning,
+        stacklevel=2,
+    )
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -156,15 +176,20 @@ class LogprobHead(torch.nn.Module):
         return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
 
 
-def lean_logprobs(model: torch.nn.Module, batch, opts: ForwardOptions) -> torch.Tensor:
+def lean_logprobs(
+    model: torch.nn.Module, batch, opts: ForwardOptions, *, read: torch.Tensor | None = None
+) -> torch.Tensor:
     """``token_logprobs`` of a right-padded ``RowBatch`` through the chunked head and/or packed rows.
 
-    Positions without a target (padding) are 0; the rest equal the plain path to float rounding.
+    Positions without a target (padding), and outside ``read`` when it is given, are 0; the rest equal
+    the plain path to float rounding.
     """
     B, W = batch.targets.shape
     T = int(batch.attention_mask.sum(1).max())
     att = batch.attention_mask[:, :T].bool()
     valid = att[:, 1:]  # target j exists iff token j + 1 does (rows are right-padded)
+    if read is not None:
+        valid = valid & read[:, : T - 1]
     targets = batch.targets[:, : T - 1][valid]
     temps = batch.temperatures[:, : T - 1][valid]
     temps = temps if bool((temps != 1.0).any()) else None

@@ -162,7 +162,9 @@ def score_rows(
     world=None,
     forward: ForwardOptions | None = None,
 ):
-    """Training-model log-probs of every row's target positions (``[T-1]`` per row, no grad).
+    """Training-model log-probs of every row's target positions (``[T-1]`` per row, no grad): those a
+    loss reads (``batching.loss_positions``: trainable tokens and generated turns) always, the others
+    only on the plain full-logits path (0 where the LM head is chunked or a prefix shared).
 
     With ``world`` each rank scores its share of the rows and the results are all-gathered;
     ``forward``: the update's precision, LM-head chunks and packing (``UpdateSettings.forward``).

@@ -328,9 +328,12 @@ def shared_hidden(
     return torch.cat(parts), where.to(ids.device)
 
 
-def shared_logprobs(model: torch.nn.Module, batch, opts, plan: PrefixPlan) -> torch.Tensor:
+def shared_logprobs(
+    model: torch.nn.Module, batch, opts, plan: PrefixPlan, *, read: torch.Tensor | None = None
+) -> torch.Tensor:
     """``token_logprobs`` of a right-padded ``RowBatch`` forwarded by ``plan`` (module docstring):
-    ``[B, T-1]``, 0 where there is no target, the rest equal to the plain path to float rounding.
+    ``[B, T-1]``, 0 where there is no target (or outside ``read`` when it is given), the rest equal to
+    the plain path to float rounding.
 
     :func:`shared_hidden` gives every position's final hidden state; the real LM head then reads each
     row's targets through :class:`~horizonrl.train.update.lean.LogprobHead` (``opts.chunk_tokens``
@@ -342,7 +345,7 @@ def shared_logprobs(model: torch.nn.Module, batch, opts, plan: PrefixPlan) -> to
     head = output_head(model, opts)
     hidden, where = shared_hidden(model, batch.input_ids, lengths, plan)
     att = batch.attention_mask[:, :T].bool()
-    valid = att[:, 1:]
+    valid = att[:, 1:] if read is None else att[:, 1:] & read[:, : T - 1]
     temps = batch.temperatures[:, : T - 1][valid]
     lp = LogprobHead(
         head,
