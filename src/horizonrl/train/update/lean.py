@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from horizonrl.errors import ConfigError
+from horizonrl.errors import ConfigError, HorizonWarning
+from horizonrl.inference import precision as inference_precision
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -82,16 +83,13 @@ def warn_emulated_bf16(precision: str, device: torch.device | str) -> None:
     """Warn when ``train.precision=bf16`` runs on a CPU without bf16 units (``amx_bf16`` /
     ``avx512_bf16``): torch emulates bf16 matrix products there, and the update's forward and backward
     under autocast ran 25x slower than in float32 on such a CPU (SmolLM2's shape, 2 AVX2 cores)."""
-    from horizonrl.errors import HorizonWarning
-    from horizonrl.inference.precision import cpu_has_bf16_units
-
-    if precision != "bf16" or torch.device(device).type != "cpu" or cpu_has_bf16_units():
+    if precision != "bf16" or torch.device(device).type != "cpu" or inference_precision.cpu_has_bf16_units():
         return
     warnings.warn(
         "train.precision=bf16 on a CPU without bf16 units (no amx_bf16 / avx512_bf16 in /proc/cpuinfo): "
         "torch emulates bf16 matrix products there, and the update runs many times slower than in float32 "
-        "(25x measured for SmolLM2 on AVX2 cores); set train.precision=fp32 (and leave "
-        "inference.params.dtype unset) on this machine",
+        "(25x measured for SmolLM2 on AVX2 cores); set train.precision=fp32 (and "
+        "inference.params.dtype=float32) on this machine",
         HorizonWarning,
         stacklevel=2,
     )
@@ -150,6 +148,29 @@ class LogprobHead(torch.nn.Module):
         self.head = head
         self.index, self.targets, self.temps, self.chunk = index, targets, temps, chunk
 
+    @classmethod
+    def of_batch(cls, head, batch, where: torch.Tensor, chunk: int, read: torch.Tensor | None = None):
+        """The head reading a right-padded ``RowBatch``'s targets: row ``b``'s target ``j`` from the
+        flattened hidden state ``where[b, j]`` (``where``: ``[B, T]``, ``T`` the longest row), at every
+        target or, with ``read``, at those it marks. :meth:`scatter` puts the result back in place."""
+        T = where.shape[1]
+        valid = batch.attention_mask[:, 1:T].bool()  # target j exists iff token j + 1 does
+        if read is not None:
+            valid = valid & read[:, : T - 1]
+        temps = batch.temperatures[:, : T - 1][valid]
+        temps = temps if bool((temps != 1.0).any()) else None
+        out = cls(head, where[:, : T - 1][valid], batch.targets[:, : T - 1][valid], temps, chunk)
+        out.valid = valid
+        return out
+
+    def scatter(self, lp: torch.Tensor, width: int) -> torch.Tensor:
+        """``lp`` (one log-prob per read target, from :meth:`of_batch`'s head) as ``[B, width]``, 0 at
+        the positions not read."""
+        B, n = self.valid.shape
+        flat = torch.nonzero(self.valid.reshape(-1), as_tuple=True)[0]
+        out = lp.new_zeros(B * n).index_put((flat,), lp).reshape(B, n)
+        return F.pad(out, (0, width - n)) if width > n else out
+
     def _chunk(self, h: torch.Tensor, tgt: torch.Tensor, temp: torch.Tensor | None) -> torch.Tensor:
         logits = self.head(h).float()
         if temp is not None:
@@ -187,12 +208,6 @@ def lean_logprobs(
     B, W = batch.targets.shape
     T = int(batch.attention_mask.sum(1).max())
     att = batch.attention_mask[:, :T].bool()
-    valid = att[:, 1:]  # target j exists iff token j + 1 does (rows are right-padded)
-    if read is not None:
-        valid = valid & read[:, : T - 1]
-    targets = batch.targets[:, : T - 1][valid]
-    temps = batch.temperatures[:, : T - 1][valid]
-    temps = temps if bool((temps != 1.0).any()) else None
     if opts.pack:
         where = torch.cumsum(att.reshape(-1).long(), 0).reshape(B, T) - 1  # token's place in the packed row
         kwargs = {
@@ -202,17 +217,15 @@ def lean_logprobs(
     else:
         where = torch.arange(B * T, device=att.device).reshape(B, T)
         kwargs = {"input_ids": batch.input_ids[:, :T], "attention_mask": batch.attention_mask[:, :T]}
-    index = where[:, : T - 1][valid]
     inner = unwrap(model)
     head = output_head(model, opts)
-    inner.set_output_embeddings(LogprobHead(head, index, targets, temps, opts.chunk_tokens))
+    reader = LogprobHead.of_batch(head, batch, where, opts.chunk_tokens, read)
+    inner.set_output_embeddings(reader)
     try:
         lp = model(**kwargs, use_cache=False).logits
     finally:
         inner.set_output_embeddings(head)
-    flat = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
-    out = lp.new_zeros(B * (T - 1)).index_put((flat,), lp).reshape(B, T - 1)
-    return F.pad(out, (0, W - (T - 1))) if W > T - 1 else out
+    return reader.scatter(lp, W)
 
 
 #: Models (by object) and the option kinds already checked against the plain path.

@@ -44,7 +44,6 @@ from itertools import pairwise
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from horizonrl.errors import ConfigError
 from horizonrl.train.update.lean import LogprobHead, output_head, unwrap
@@ -339,21 +338,7 @@ def shared_logprobs(
     row's targets through :class:`~horizonrl.train.update.lean.LogprobHead` (``opts.chunk_tokens``
     positions at a time), from whichever segment holds the position.
     """
-    B, W = batch.targets.shape
     lengths = batch.attention_mask.sum(1).tolist()
-    T = max(lengths)
-    head = output_head(model, opts)
     hidden, where = shared_hidden(model, batch.input_ids, lengths, plan)
-    att = batch.attention_mask[:, :T].bool()
-    valid = att[:, 1:] if read is None else att[:, 1:] & read[:, : T - 1]
-    temps = batch.temperatures[:, : T - 1][valid]
-    lp = LogprobHead(
-        head,
-        where[:, : T - 1][valid],
-        batch.targets[:, : T - 1][valid],
-        temps if bool((temps != 1.0).any()) else None,
-        opts.chunk_tokens,
-    )(hidden)
-    flat = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
-    out = lp.new_zeros(B * (T - 1)).index_put((flat,), lp).reshape(B, T - 1)
-    return F.pad(out, (0, W - (T - 1))) if W > T - 1 else out
+    reader = LogprobHead.of_batch(output_head(model, opts), batch, where, opts.chunk_tokens, read)
+    return reader.scatter(reader(hidden), batch.targets.shape[1])
