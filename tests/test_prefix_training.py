@@ -374,3 +374,47 @@ def test_a_seeded_run_ends_at_the_same_weights_with_and_without_sharing(trainer,
     assert torch.allclose(w_on, w_off, atol=1e-5), (w_on - w_off).abs().max()
     assert [m["train/row_tokens"] for m in m_on] == [m["train/row_tokens"] for m in m_off]
     assert sum(m["train/forwarded_tokens"] for m in m_on) < sum(m["train/forwarded_tokens"] for m in m_off)
+
+
+def _counting(fn, calls: list, tag):
+    """``fn`` that appends ``tag`` to ``calls`` on every call."""
+
+    def wrapped(*a, **k):
+        calls.append(tag)
+        return fn(*a, **k)
+
+    return wrapped
+
+
+def test_the_sft_warm_start_shares_the_demonstrations_prompt():
+    """SFT (train/warmstart/sft.py) on demonstrations that share a 60-token system/tool prompt: with
+    sharing the prompt goes through the shared-prefix forward, and the losses and the weights after two
+    epochs equal the plain SFT's to float rounding."""
+    from horizonrl.train.update import batching
+    from horizonrl.train.warmstart.sft import sft_train
+
+    rng = random.Random(3)
+    prompt = [2, *_tokens(rng, 59)]
+    rows = [_row(prompt + _tokens(rng, 6 + k), len(prompt), k, rng) for k in range(6)]
+    out, calls = {}, []
+    for share in (False, True):
+        model = tiny_decoder("qwen2")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("horizonrl.train.update.prefix.CALL_FLOPS_PER_LAYER", 0.0)
+            mp.setattr(batching, "shared_logprobs", _counting(batching.shared_logprobs, calls, share))
+            losses = sft_train(
+                model,
+                rows,
+                epochs=2,
+                batch_size=3,
+                lr=1e-3,
+                seed=0,
+                device=torch.device("cpu"),
+                share_prefix=share,
+            )
+        out[share] = (losses, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert calls and set(calls) == {True}  # the shared path ran, and only with sharing on
+    (l_off, w_off), (l_on, w_on) = out[False], out[True]
+    assert len(l_on) == len(l_off) == 4
+    assert l_on == pytest.approx(l_off, rel=1e-5)
+    assert torch.allclose(w_on, w_off, atol=1e-5), (w_on - w_off).abs().max()

@@ -58,7 +58,8 @@ class AlgoConfig(_Section):
     tree_training: str | bool = opt(
         "auto",
         "shared-prefix training: 'auto' forwards a token prefix that rows share (the few-shot/system "
-        "prefix, a group's prompt, RTPO's trunk and siblings) once and runs each row's own tokens against "
+        "prefix, a group's prompt, RTPO's trunk and siblings; the SFT warm start's system and tool prompt) "
+        "once and runs each row's own tokens against "
         "its keys and values, so each shared token is forwarded and back-propagated once (exact to float "
         "rounding; a prefix is shared where a FLOP model of the model's shape says it pays; one process, "
         "sdpa/eager full attention, no gradient checkpointing, else every row on its own with a warning); "

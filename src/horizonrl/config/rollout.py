@@ -13,6 +13,21 @@ class RolloutConfig(_Section):
     _prefix = "rollout."
     group_size: int = opt(8, "rollouts per task (G)", ge=1, le=4096)
     tasks_per_step: int = opt(8, "tasks sampled per training step", ge=1, le=10**5)
+    dynamic_sampling: bool = opt(
+        False,
+        "DAPO dynamic sampling (group trainer): drop groups whose rollouts all got the same reward (zero "
+        "group-relative advantage) and draw more tasks until the step holds rollout.tasks_per_step groups "
+        "with signal or has made rollout.max_draws draws; every draw counts in train.max_gen_tokens; "
+        "logged as rollout/groups_drawn, rollout/zero_adv_dropped, rollout/draws, "
+        "rollout/dynamic_cap_reached (train/rollout/dynamic.py)",
+    )
+    max_draws: int = opt(
+        4,
+        "dynamic sampling: the most draws of rollout.tasks_per_step tasks one step makes (DAPO's "
+        "max_num_gen_batches); a step that reaches it trains on the groups with signal it has",
+        ge=1,
+        le=1000,
+    )
     temperature: float = opt(
         1.0, "sampling temperature (also applied to training log-probs)", gt=0.0, le=100.0
     )

@@ -66,6 +66,12 @@ class TrainConfig(_Section):
         le=4096,
     )
     eval_temperature: float = opt(1.0, "sampling temperature at evaluation", gt=0.0, le=100.0)
+    eval_greedy: bool = opt(
+        False,
+        "also decode each held-out task once greedily at every evaluation (eval_greedy/pass@1 and the "
+        "other eval_greedy/* keys; per-task successes in eval/step_N.json as greedy_correct), so a result "
+        "tells what the policy learned from what sampling at eval_temperature adds or loses",
+    )
     eval_seed: int | None = opt(
         None,
         "seed of evaluation sampling (null: train.seed + 1000003); fix it to evaluate runs of different "

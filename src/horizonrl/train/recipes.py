@@ -90,6 +90,7 @@ def run_sft(cfg: RunConfig, *, work_dir: str | Path | None = None, log=None) -> 
         # 0: sized from train.memory_gb for SFT's plain forward (fp32, full logits, no checkpointing)
         micro_batch_tokens=cfg.algo.micro_batch_tokens
         or auto_micro_batch_tokens(model, cfg.train.memory_gb, device=device),
+        share_prefix=cfg.algo.tree_training == "auto",
         log=log,
     )
     if is_lora(model):  # model.lora_r > 0: SFT trained adapters; the warm start is a plain model

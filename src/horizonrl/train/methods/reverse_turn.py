@@ -484,6 +484,8 @@ class ReverseTurnTrainer(WorkspaceTrainer):
                 "rtpo/turn": float(k),
                 "rtpo/groups": float(len(batch["reward_sets"])),
                 "rtpo/zero_adv_rate": zero_advantage_rate(batch["reward_sets"]),
+                # the common key too (sibling sets are RTPO's groups): the zero-signal watch reads it
+                "train/zero_adv_group_rate": zero_advantage_rate(batch["reward_sets"]),
                 "rtpo/is_weight_mean": float(np.mean(weights)),
                 "rtpo/is_weight_min": float(np.min(weights)),
                 "rtpo/engine_fresh": float(batch.get("fresh", True)),

@@ -114,11 +114,21 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
     from horizonrl.inference.registry import ENGINES, TRAINER_SET, engine_parameters
     from horizonrl.registry import UnknownNameError
 
+    a, r = cfg.algo, cfg.rollout
     if trainer:
-        from horizonrl.train.trainers.registry import trainer_params
+        from horizonrl.train.trainers.registry import trainer_params, trainers_with
 
         trainer_params(cfg)  # the trainer exists and its train.trainer_params fit
-    a, r = cfg.algo, cfg.rollout
+        if r.dynamic_sampling and cfg.train.trainer not in trainers_with("samples_dynamically"):
+            raise ConfigError(
+                f"rollout.dynamic_sampling=true: read by train.trainer="
+                f"{'|'.join(trainers_with('samples_dynamically'))}, not train.trainer={cfg.train.trainer!r}"
+            )
+        if r.dynamic_sampling and cfg.train.max_staleness > 0:
+            raise ConfigError(
+                f"rollout.dynamic_sampling=true: not with asynchronous rollouts (train.max_staleness="
+                f"{cfg.train.max_staleness}), whose batches are drawn before the step"
+            )
     spec = ESTIMATORS.get(a.estimator, field="algo.estimator")
     check_params(
         spec.settable(),
@@ -153,6 +163,10 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         raise ConfigError(
             f"rollout.thinking_history='drop' works with the append context manager; rollout.context="
             f"{r.context!r} builds its own prompts (use thinking_history='keep' or context='append')"
+        )
+    if cfg.train.eval_greedy and cfg.train.trainer == "gateway":
+        raise ConfigError(
+            "train.eval_greedy=true: the gateway trainer evaluates its harness at eval_temperature"
         )
     if r.few_shot and (r.agent not in FEW_SHOT_AGENTS or cfg.train.trainer == "gateway"):
         raise ConfigError(

@@ -12,7 +12,10 @@ Each turn is trained under the view ``algo.train_context`` names
 or one a method registers (e.g. a flattened history). With
 ``train.max_gen_tokens`` the run ends before a step predicted to overrun the
 budget, and a step the budget cut short is discarded untrained
-(:mod:`horizonrl.train.rollout.budget`).
+(:mod:`horizonrl.train.rollout.budget`). With ``rollout.dynamic_sampling`` a step
+draws tasks until it holds ``tasks_per_step`` groups whose rewards differ
+(:mod:`horizonrl.train.rollout.dynamic`); its rollout metrics, zero-advantage
+group rate and budget count every group drawn, its update the groups kept.
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 
 from horizonrl import credit
 from horizonrl.config import RunConfig
+from horizonrl.errors import HorizonWarning
 from horizonrl.models.chat import renderer_for
 from horizonrl.train.records.rollout_log import credit_records, write_rollout_log
 from horizonrl.train.rollout.collect import collect_groups, rollout_metrics
+from horizonrl.train.rollout.dynamic import fill_with_signal, has_signal
 from horizonrl.train.trainers.checks import check_run
 from horizonrl.train.trainers.features import FeatureContext, compute_features
 from horizonrl.train.trainers.registry import register_trainer
@@ -47,6 +53,7 @@ class GroupTrainer(WorkspaceTrainer):
     """GRPO and every estimator over groups of rollouts, on the run's workspace (``self.ws``)."""
 
     collects_async = True
+    samples_dynamically = True
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
         check_run(cfg)  # before the estimator lookup: a bad config is named by the checks
@@ -55,6 +62,8 @@ class GroupTrainer(WorkspaceTrainer):
         self.setup(cfg, resume=resume, loss_agg_mode=cfg.algo.loss_agg_mode or self.estimator.loss_agg_mode)
         #: Each feature provider's own state across steps (FeatureContext.state), by provider name.
         self.feature_state: dict[str, dict[str, Any]] = {}
+        #: Whether the run said that dynamic sampling reached rollout.max_draws (said once a run).
+        self.warned_cap = False
         #: Background collection of future batches (train.max_staleness > 0), else None.
         self.async_rollouts = None
         if cfg.train.max_staleness > 0:
@@ -96,8 +105,10 @@ class GroupTrainer(WorkspaceTrainer):
             self.async_rollouts.close()
         self.ws.close()
 
-    def collect(self, tasks) -> list[Group]:
-        """``G`` rollouts of every task through the configured agent program (one batched drive)."""
+    def collect(self, tasks, draw: int = 0) -> list[Group]:
+        """``G`` rollouts of every task through the configured agent program (one batched drive);
+        ``draw``: the step's draw under dynamic sampling (rollout uids ``s{step}-d{draw}-...`` after the
+        first)."""
         return collect_groups(
             self.rollout_engine,
             self.renderer,
@@ -106,7 +117,7 @@ class GroupTrainer(WorkspaceTrainer):
             self.cfg.rollout.group_size,
             self.params,
             self.limits,
-            tag=f"s{self.step}-",
+            tag=f"s{self.step}-" if draw == 0 else f"s{self.step}-d{draw}-",
             agent=self.agent,
             spec=self.spec,
         )
@@ -122,6 +133,32 @@ class GroupTrainer(WorkspaceTrainer):
 
     def advance(self) -> dict[str, float]:
         return self.train_step()
+
+    def draw_groups(self) -> tuple[list[Group], list[Group], dict[str, float]]:
+        """This step's groups to train on, every group drawn, and the draws' metrics: one draw of
+        ``tasks_per_step`` tasks, or with ``rollout.dynamic_sampling`` as many as fill the step with
+        groups that carry signal (:func:`~horizonrl.train.rollout.dynamic.fill_with_signal`)."""
+        r = self.cfg.rollout
+        if not r.dynamic_sampling:
+            groups = self.collect(self.task_sampler.sample())
+            return groups, groups, {}
+        want = min(r.tasks_per_step, len(self.train_tasks))
+        filled = fill_with_signal(
+            lambda k: self.collect(self.task_sampler.sample(), k),
+            want,
+            r.max_draws,
+            stop=lambda: self.budget.clipped,  # the budget ran out: the step is discarded anyway
+        )
+        if filled.capped and not self.budget.clipped and not self.warned_cap:
+            self.warned_cap = True
+            warnings.warn(
+                f"step {self.step + 1}: dynamic sampling reached rollout.max_draws={r.max_draws} with "
+                f"{sum(map(has_signal, filled.drawn))} of {want} groups with signal; the "
+                "step trains on what it has (rollout/dynamic_cap_reached counts such steps; said once)",
+                HorizonWarning,
+                stacklevel=2,
+            )
+        return filled.kept, filled.drawn, filled.metrics()
 
     def feature_context(self, name: str) -> FeatureContext:
         """What feature provider ``name`` may use this step (its ``state`` lasts the run)."""
@@ -148,19 +185,21 @@ class GroupTrainer(WorkspaceTrainer):
         cfg = self.cfg
         t0 = time.perf_counter()
         spent = self.budget.spent
-        settings, stale = self.update_settings, {}
+        settings, stale, draws = self.update_settings, {}, {}
         if self.async_rollouts is not None:  # sampled in the background by the weights of step - k
             groups, stale = self.async_rollouts.take(self.step, self.model)
             settings = self.async_rollouts.update_settings(settings, stale)
+            drawn = groups
         else:
-            groups = self.collect(self.task_sampler.sample())
+            groups, drawn, draws = self.draw_groups()
         t1 = time.perf_counter()
         rollouts = credit.flatten_rollouts(groups)
-        self.budget.rollouts += len(rollouts)
+        sampled = credit.flatten_rollouts(drawn) if drawn is not groups else rollouts
+        self.budget.rollouts += len(sampled)
         if self.budget.clipped:  # the budget ran out inside this step: discard it untrained
             self.step += 1
             return {"budget/incomplete_phases": 1.0, "time/rollout_s": t1 - t0} | self.budget.metrics()
-        self.budget.record_phase("step", len(rollouts), self.budget.spent - spent)
+        self.budget.record_phase("step", len(sampled), self.budget.spent - spent)
         est_params = dict(cfg.algo.estimator_params)
         features, feature_metrics = compute_features(
             self.feature_context, self.estimator.needs, groups, est_params
@@ -188,16 +227,17 @@ class GroupTrainer(WorkspaceTrainer):
             self.async_rollouts.publish(self.step + 1, self.model)
         t3 = time.perf_counter()
         self.step += 1
-        gen_tokens = sum(r.num_response_tokens for r in rollouts)
+        gen_tokens = sum(r.num_response_tokens for r in sampled)
         flat_adv = np.concatenate([np.asarray(t) for r in advantages for s in r for t in s] or [np.zeros(0)])
-        metrics.update(rollout_metrics(rollouts))
+        metrics.update(rollout_metrics(sampled))
+        metrics.update(draws)
         metrics.update(feature_metrics)
         metrics.update(self.budget.metrics())
         metrics.update(stale)
         metrics.update(
             {
                 "train/zero_adv_token_rate": float(np.mean(flat_adv == 0.0)) if flat_adv.size else 0.0,
-                "train/zero_adv_group_rate": float(np.mean([len(set(g.rewards)) <= 1 for g in groups])),
+                "train/zero_adv_group_rate": float(np.mean([not has_signal(g) for g in drawn])),
                 "time/rollout_s": t1 - t0,
                 "time/credit_s": t2 - t1,
                 "time/update_s": t3 - t2,

@@ -92,7 +92,13 @@ def make_trainer(cfg, *, resume: bool = False):
     return cls(cfg, resume=resume)
 
 
+def trainers_with(feature: str) -> list[str]:
+    """The registered trainers whose class sets the boolean attribute ``feature`` (``collects_async``,
+    ``samples_dynamically``)."""
+    return [n for n, cls in TRAINERS.items() if getattr(cls, feature, False)]
+
+
 def async_trainers() -> list[str]:
     """The registered trainers that collect rollouts in the background (``collects_async``;
     ``train.max_staleness > 0``)."""
-    return [n for n, cls in TRAINERS.items() if getattr(cls, "collects_async", False)]
+    return trainers_with("collects_async")

@@ -30,7 +30,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,26 +215,54 @@ class RunWorkspace:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched).
+        """Held-out pass@1 / pass@k with its own RNG stream (training randomness is untouched), and with
+        ``train.eval_greedy`` one greedy episode per task as ``eval_greedy/*``.
 
-        Per-task success counts go to ``eval/step_N.json`` (with the run's generated tokens so far).
+        Per-task success counts go to ``eval/step_N.json`` (with the run's generated tokens so far and
+        the mean tool calls of an episode; ``greedy_correct`` beside ``correct``).
         """
-        saved = self.engine.rng_state()
         t = self.cfg.train
-        self.engine.set_seed(t.eval_seed if t.eval_seed is not None else t.seed + 1_000_003)
-        per_task: list[int] = []
-        params = SamplingParams(
-            temperature=self.cfg.train.eval_temperature,
+        sampled = SamplingParams(
+            temperature=t.eval_temperature,
             top_p=self.cfg.rollout.top_p,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
         )
+        per_task: list[int] = []
+        out = self._held_out(sampled, t.eval_samples, per_task)
+        record = {
+            "step": step,
+            "gen_tokens": self.budget.spent,
+            "samples": t.eval_samples,
+            "tasks": [task.id for task in self.test_tasks],
+            "correct": per_task,
+            "tool_calls_mean": out.get("eval/rollout/tool_calls_mean"),
+        }
+        if t.eval_greedy:
+            greedy: list[int] = []
+            params = replace(sampled, greedy=True, temperature=1.0, top_p=1.0)
+            g = self._held_out(params, 1, greedy)
+            out.update({"eval_greedy/" + k.removeprefix("eval/"): v for k, v in g.items()})
+            record |= {
+                "greedy_correct": greedy,
+                "greedy_tool_calls_mean": g.get("eval/rollout/tool_calls_mean"),
+            }
+        if self.is_main:
+            (self.run_dir / "eval").mkdir(exist_ok=True)
+            (self.run_dir / "eval" / f"step_{step}.json").write_text(json.dumps(record) + "\n")
+        return out
+
+    def _held_out(self, params: SamplingParams, samples: int, per_task: list[int]) -> dict[str, float]:
+        """:func:`evaluate` on the held-out tasks from the evaluation seed, the training RNG restored."""
+        t = self.cfg.train
+        saved = self.engine.rng_state()
+        self.engine.set_seed(t.eval_seed if t.eval_seed is not None else t.seed + 1_000_003)
         try:
-            out = evaluate(
+            return evaluate(
                 self.engine,
                 self.renderer,
                 self.make_env,
                 self.test_tasks,
-                samples=self.cfg.train.eval_samples,
+                samples=samples,
                 params=params,
                 limits=self.limits,
                 agent=self.agent,
@@ -243,18 +271,6 @@ class RunWorkspace:
             )
         finally:
             self.engine.set_rng_state(saved)
-        if not self.is_main:
-            return out
-        (self.run_dir / "eval").mkdir(exist_ok=True)
-        record = {
-            "step": step,
-            "gen_tokens": self.budget.spent,
-            "samples": t.eval_samples,
-            "tasks": [task.id for task in self.test_tasks],
-            "correct": per_task,
-        }
-        (self.run_dir / "eval" / f"step_{step}.json").write_text(json.dumps(record) + "\n")
-        return out
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -433,6 +449,8 @@ class WorkspaceTrainer(Trainer):
     ws: RunWorkspace
     #: Whether the trainer can collect rollouts in the background (``train.max_staleness > 0``).
     collects_async = False
+    #: Whether the trainer reads ``rollout.dynamic_sampling`` (train/rollout/dynamic.py).
+    samples_dynamically = False
 
     cfg = _delegate("cfg")  # type: ignore[assignment]
     run_dir = _delegate("run_dir")

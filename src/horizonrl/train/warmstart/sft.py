@@ -4,7 +4,10 @@ Each demonstration is tokenized exactly as the agent loop builds contexts
 (``ChatRenderer.sft_example``): the same prompt ids, each assistant message
 followed by its end-of-turn token (trainable), each tool/user reply as masked
 continuation ids. The loss is the mean negative log-likelihood over all
-assistant tokens of the batch. A NaN or infinite loss or gradient stops training
+assistant tokens of the batch. Batches go through the update's forward path
+(:class:`~horizonrl.train.update.forward.RowForward`): with ``share_prefix`` the demonstrations' common
+prefix (system prompt, tool block: four fifths of the quickstart's rows) is forwarded once per
+micro-batch, and the LM head runs only at assistant tokens. A NaN or infinite loss or gradient stops training
 (:class:`~horizonrl.errors.NonFiniteError` naming the step), so no such model is saved.
 """
 
@@ -18,7 +21,9 @@ from typing import Any
 import torch
 
 from horizonrl.errors import DataError, NonFiniteError
-from horizonrl.train.update.batching import collate, micro_batches, token_logprobs
+from horizonrl.train.update.batching import collate
+from horizonrl.train.update.forward import RowForward
+from horizonrl.train.update.lean import ForwardOptions
 from horizonrl.trajectory import Row
 
 
@@ -55,9 +60,14 @@ def sft_train(
     device: torch.device,
     pad_id: int = 0,
     micro_batch_tokens: int = 8192,
+    share_prefix: bool = True,
     log=None,
 ) -> list[float]:
-    """Train ``model`` in place; returns the mean loss of every optimizer step."""
+    """Train ``model`` in place; returns the mean loss of every optimizer step.
+
+    ``share_prefix`` (``algo.tree_training: auto``): rows of a micro-batch that share a token prefix
+    forward it once where the FLOP model says that pays (exact to float rounding).
+    """
     # Only what trains: every weight, or the LoRA adapters (model.lora_r > 0).
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     n_steps = epochs * ((len(rows) + batch_size - 1) // batch_size)
@@ -67,6 +77,10 @@ def sft_train(
     model.train()
     losses = []
     order = list(range(len(rows)))
+    fwd = RowForward(
+        model, rows, ForwardOptions(tree=share_prefix), micro_batch_tokens=micro_batch_tokens,
+        device=device, pad_id=pad_id,
+    )  # fmt: skip
     for _epoch in range(epochs):
         rng.shuffle(order)
         for b in range(0, len(order), batch_size):
@@ -74,10 +88,9 @@ def sft_train(
             batch = collate([rows[i] for i in idx], pad_id=pad_id).to(device)
             total = float(batch.mask.sum())
             step_loss = 0.0
-            for chunk in micro_batches([len(rows[i]) for i in idx], micro_batch_tokens):
-                sub = batch.slice(torch.tensor(chunk, device=device))
-                lp = token_logprobs(model, sub)
-                loss = -(lp * sub.mask).sum() / total
+            for mb in fwd.micro_batches([rows[i] for i in idx], batch):
+                lp = mb.logprobs(model, fwd.options)
+                loss = -(lp * mb.batch.mask).sum() / total
                 loss.backward()
                 step_loss += loss.item()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
