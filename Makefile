@@ -28,13 +28,17 @@ quickstart: $(STAMP)
 quickstart-check: $(STAMP)
 	$(PY) scripts/quickstart_check.py --seeds 0 1 2 --jobs 3 --min-gain 15
 
+# Two pytest-xdist workers on 2 cores (one torch thread each, tests/conftest.py), tests grouped by module
+# so that module fixtures are built once; more where the machine has more cores (at most 4).
+XDIST  := -n auto --maxprocesses 4 --dist loadscope
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # Whole-harness runs (the reproduction scenarios and their carrying over), kept out of `make test`'s
 # 10 minutes; .ci/run runs them.
 test-integration: $(STAMP)
-	$(PY) -m pytest -q -m integration
+	$(PY) -m pytest -q -m integration $(XDIST)
 
 # Ray workers (a private 2-CPU Ray on 127.0.0.1), torchrun (2 gloo processes) and async rollouts.
 test-distributed: $(STAMP)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
-    # Two cores in CI; one torch thread per process avoids oversubscription with xdist-free runs.
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    # Two cores in CI: `make test` runs two pytest-xdist workers of one torch thread each (the tiny
+    # models' matrices are too small for a second thread to pay); a plain pytest run takes two.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(1 if workers > 1 else max(1, min(2, torch.get_num_threads())))
 
 
 @pytest.fixture(scope="session")

@@ -90,7 +90,9 @@ def group_is_gone(pgid: int) -> bool:
 
 
 def leftover_cgroups() -> set[str]:
+    """This process's sandbox cgroups (another pytest-xdist worker's are its own business)."""
     parent = sandbox_host.cgroup_parent()
     if parent is None:
         return set()
-    return {e for e in os.listdir(parent) if e.startswith(sandbox_host.PREFIX)}
+    mine = sandbox_host.PREFIX + sandbox_host.owner_tag()
+    return {e for e in os.listdir(parent) if e.startswith(mine)}

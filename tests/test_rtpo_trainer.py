@@ -216,7 +216,9 @@ def test_k3_run_completes_and_resumes_from_a_checkpoint_between_stages(tiny_mode
 
     first = RTPOTrainer(_cfg(tiny_model_dir, tmp_path / "b", *common))
     first.logger.log(0, first.evaluate())
-    first.logger.log(1, first.advance())  # phase 1 + the stage of turn K-1
+    m = first.advance()  # phase 1 + the stage of turn K-1
+    first.signal_watch().observe(first.step, m)  # as fit() does: the streak is checkpointed state
+    first.logger.log(1, m)
     first.save()
     assert first.sweep is not None and first.sweep.stages  # saved between stages
     del first

@@ -68,6 +68,7 @@ class GatewayTrainer(GroupTrainer):
 
     #: The harness runs in the trainer's thread: no background collection (``train.max_staleness``).
     collects_async = False
+    samples_dynamically = False  # the harness runs whole episodes; no groups are drawn again
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
         g = cfg.gateway
