@@ -119,10 +119,11 @@ def check_names(cfg: RunConfig, *, trainer: bool = True) -> None:
         from horizonrl.train.trainers.registry import trainer_params, trainers_with
 
         trainer_params(cfg)  # the trainer exists and its train.trainer_params fit
-        if r.dynamic_sampling and cfg.train.trainer not in trainers_with("samples_dynamically"):
+        dynamic = trainers_with("samples_dynamically")
+        if r.dynamic_sampling and cfg.train.trainer not in dynamic:
             raise ConfigError(
-                f"rollout.dynamic_sampling=true: read by train.trainer="
-                f"{'|'.join(trainers_with('samples_dynamically'))}, not train.trainer={cfg.train.trainer!r}"
+                f"rollout.dynamic_sampling=true: read by train.trainer={'|'.join(dynamic)}, "
+                f"not train.trainer={cfg.train.trainer!r}"
             )
         if r.dynamic_sampling and cfg.train.max_staleness > 0:
             raise ConfigError(
