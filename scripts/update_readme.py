@@ -116,32 +116,48 @@ def results_block() -> str:
 
 def real_model_block(name: str = "smollm2", arm: str = "grpo") -> str:
     """One row per seed of a pretrained-model reproduction (``docs/results/NAME.json``): held-out pass@1
-    at the start (shared) and the end, the gain with that seed's task-bootstrap interval, its wall time."""
+    at the start (shared) and the end, the gain with that seed's task-bootstrap interval, and, where the
+    page measured them, the same for greedy decoding and pass@k, and the episodes' mean tool calls; the
+    run's updates and wall time."""
     path = ROOT / "docs" / "results" / f"{name}.json"
     if not path.exists():
         return f"not run yet: `horizonrl reproduce {name} --jobs 2`\n"
     res = json.loads(path.read_text())
     st = res["setup"]
-    per_seed = ((res.get("gains") or {}).get(arm) or {}).get("per_seed") or []
-    seeds = {x["seed"]: x for x in res["arms"][arm]["seeds"]}
-    lines = [
-        "| seed | start pass@1 | end pass@1 | end − start [95% task-bootstrap CI] | reading | updates "
-        "| wall time (one thread, beside other runs) |",
-        "|---|---|---|---|---|---|---|",
+    runs = {x["seed"]: x for x in res["arms"][arm]["seeds"]}
+    start = res["arms"][arm]["start"]
+    measures = [
+        (title, g)
+        for title, key in (("pass@1", "gains"), ("greedy pass@1", "gains_greedy"), ("pass@k", "gains_pass@k"))
+        if (g := (res.get(key) or {}).get(arm))
     ]
-    start = res["arms"][arm]["start"]["pass@1"]
-    for g in per_seed:
-        b, run = g["bootstrap"], seeds[g["seed"]]
-        gain = f"{b['mean']:+.3f} [{b['lo']:+.3f}, {b['hi']:+.3f}]"
-        lines.append(
-            f"| {g['seed']} | {start:.3f} | {g['end']:.3f} | {gain} "
-            f"| {g['reading']} | {run['updates']} | {run['wall_s'] / 60:.0f} min |"
-        )
+    calls = start.get("tool_calls_mean") is not None
+    head = ["seed"]
+    for title, _ in measures:
+        head += [f"{title} start → end", "end − start [95% task-bootstrap CI]", "reading"]
+    head += [*(["tool calls / episode start → end"] if calls else []), "updates"]
+    head.append("wall time (one thread, beside other runs)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for seed in (x["seed"] for x in measures[0][1]["per_seed"]):
+        run, row = runs[seed], [str(seed)]
+        for _, g in measures:
+            x = next(x for x in g["per_seed"] if x["seed"] == seed)
+            b = x["bootstrap"]
+            row += [
+                f"{g['start']:.3f} → {x['end']:.3f}",
+                f"{b['mean']:+.3f} [{b['lo']:+.3f}, {b['hi']:+.3f}]",
+            ]
+            row.append(x["reading"])
+        if calls:
+            row.append(f"{start['tool_calls_mean']:.2f} → {run['tool_calls_mean']:.2f}")
+        row += [str(run["updates"]), f"{run['wall_s'] / 60:.0f} min"]
+        lines.append("| " + " | ".join(row) + " |")
     n = st["eval_tasks"]
+    greedy = ", and one greedy episode per task" if st.get("eval_greedy") else ""
     return (
         "\n".join(lines)
-        + f"\n\n{n} held-out tasks x {st['eval_samples']} sample at temperature {st['eval_temperature']}, "
-        f"the same draws for the start and every seed ([results page](docs/results/{name}.md)).\n"
+        + f"\n\n{n} held-out tasks x {st['eval_samples']} sample at temperature {st['eval_temperature']}"
+        f"{greedy}, the same draws for the start and every seed ([results page](docs/results/{name}.md)).\n"
     )
 
 

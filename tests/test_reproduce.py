@@ -297,6 +297,46 @@ def test_readme_summary_rows_from_results_json(tmp_path, monkeypatch):
     ]
 
 
+def test_greedy_and_pass_at_k_reach_the_results_json_and_page(tmp_path):
+    paper = _paper(
+        sft_warm_start=False,
+        arms=(Arm("grpo"),),
+        comparisons=(),
+        seeds=1,
+        budget_tokens=120,
+        eval_samples=2,
+        eval_greedy=True,
+    )
+    settings = Settings(seeds=1, out=tmp_path / "runs", log=lambda m: None)
+    reproduce(paper, settings, results_dir=tmp_path / "results")
+    res = json.loads((tmp_path / "results" / "mini.json").read_text())
+    arm = res["arms"]["grpo"]
+    start, run = arm["start"], arm["seeds"][0]
+    for r, counts, greedy in (
+        (start, start["per_task"], start["per_task_greedy"]),
+        (run, run["per_task"][-1], run["per_task_greedy"][-1]),
+    ):
+        # recomputed from the per-task counts: 2 samples a task, one greedy episode a task
+        assert len(counts) == len(greedy) == 6 and set(greedy) <= {0, 1} and max(counts) <= 2
+        assert r["pass@1"] == pytest.approx(sum(counts) / 12)
+        assert r["pass@k"] == pytest.approx(sum(c > 0 for c in counts) / 6)
+        assert r["pass@1_greedy"] == pytest.approx(sum(greedy) / 6)
+        assert r["tool_calls_mean"] >= 0 and r["greedy_tool_calls_mean"] >= 0
+    assert run["curve"][-1]["pass@1_greedy"] == run["pass@1_greedy"]
+    g = res["gains_greedy"]["grpo"]
+    assert g["start"] == pytest.approx(start["pass@1_greedy"])
+    assert g["per_seed"][0]["bootstrap"]["mean"] == pytest.approx(
+        run["pass@1_greedy"] - start["pass@1_greedy"]
+    )
+    assert res["gains_pass@k"]["grpo"]["per_seed"][0]["end"] == pytest.approx(run["pass@k"])
+    assert res["setup"]["eval_greedy"] is True
+    page = (tmp_path / "results" / "mini.md").read_text()
+    assert "and one greedy episode per task" in page
+    assert "| greedy pass@1 start → end |" in page and "Learning over the warm start, greedy decoding" in page
+    assert f"{start['pass@1_greedy']:.3f} → {run['pass@1_greedy']:.3f}" in page
+    assert "Learning over the warm start, pass@k" in page
+
+
 def test_readme_real_model_block_is_one_row_per_seed(tmp_path, monkeypatch):
     mod = _update_readme()
     (tmp_path / "docs" / "results").mkdir(parents=True)
@@ -308,12 +348,36 @@ def test_readme_real_model_block_is_one_row_per_seed(tmp_path, monkeypatch):
         "arms": {
             "grpo": {"start": {"pass@1": 0.25}, "seeds": [{"seed": 0, "updates": 24, "wall_s": 3000.0}]}
         },
-        "gains": {"grpo": {"per_seed": [{"seed": 0, "end": 0.375, "bootstrap": boot, "reading": "rose"}]}},
+        "gains": {
+            "grpo": {
+                "start": 0.25,
+                "per_seed": [{"seed": 0, "end": 0.375, "bootstrap": boot, "reading": "rose"}],
+            }
+        },
     }
     (tmp_path / "docs" / "results" / "smollm2.json").write_text(json.dumps(res))
     rows = mod.real_model_block().splitlines()
-    assert rows[2] == "| 0 | 0.250 | 0.375 | +0.125 [+0.050, +0.200] | rose | 24 | 50 min |"
-    assert "128 held-out tasks x 1 sample" in rows[4]
+    assert rows[2] == "| 0 | 0.250 → 0.375 | +0.125 [+0.050, +0.200] | rose | 24 | 50 min |"
+    assert "128 held-out tasks x 1 sample" in rows[4] and "greedy" not in rows[4]
+    # With greedy evaluations and tool calls: their columns follow the sampled ones.
+    gboot = {"mean": -0.0625, "lo": -0.125, "hi": 0.0, "n": 128}
+    res["setup"]["eval_greedy"] = True
+    res["arms"]["grpo"]["start"]["tool_calls_mean"] = 1.5
+    res["arms"]["grpo"]["seeds"][0]["tool_calls_mean"] = 2.25
+    res["gains_greedy"] = {
+        "grpo": {
+            "start": 0.5,
+            "per_seed": [{"seed": 0, "end": 0.4375, "bootstrap": gboot, "reading": "not resolved"}],
+        }
+    }
+    (tmp_path / "docs" / "results" / "smollm2.json").write_text(json.dumps(res))
+    rows = mod.real_model_block().splitlines()
+    assert rows[0].startswith("| seed | pass@1 start → end |") and "| greedy pass@1 start → end |" in rows[0]
+    assert rows[2] == (
+        "| 0 | 0.250 → 0.375 | +0.125 [+0.050, +0.200] | rose | 0.500 → 0.438 | -0.062 [-0.125, +0.000] "
+        "| not resolved | 1.50 → 2.25 | 24 | 50 min |"
+    )
+    assert "and one greedy episode per task" in rows[4]
 
 
 def test_readme_quickstart_check_block_is_the_printed_table():

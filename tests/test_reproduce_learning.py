@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.reproduce.learning import arm_gain, gain_table, gains
+from horizonrl.reproduce.learning import all_gains, arm_gain, gain_table, gains
+from horizonrl.reproduce.runner import eval_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,3 +113,38 @@ def test_render_rewrites_a_committed_page_from_its_json(tmp_path):
     render(get_paper("echo"), tmp_path)
     again = json.loads((tmp_path / "echo.json").read_text())
     assert again["status"] == "partial" and again["absent_arms"] == ["echo_graph"]
+
+
+def test_greedy_and_pass_at_k_gains_by_hand():
+    # Two samples a task over 4 tasks. Start counts [0, 1, 2, 0]: pass@1 3/8, pass@2 2/4; greedy [0, 0, 1, 0].
+    # End counts [1, 1, 2, 0]: pass@1 4/8, pass@2 3/4; greedy [1, 0, 1, 1]: 3/4.
+    start = {"pass@1": 0.375, "per_task": [0, 1, 2, 0], "per_task_greedy": [0, 0, 1, 0]}
+    seed = {
+        "seed": 0,
+        "samples": 2,
+        "pass@1": 0.5,
+        "per_task": [[1, 1, 2, 0]],
+        "per_task_greedy": [[1, 0, 1, 1]],
+    }
+    res = {"setup": {"eval_samples": 2}, "arms": {"a": {"start": start, "seeds": [seed]}}}
+    out = all_gains(res)
+    assert out["gains"]["a"]["per_seed"][0]["bootstrap"]["mean"] == pytest.approx(0.125)
+    g = out["gains_greedy"]["a"]
+    assert g["start"] == pytest.approx(0.25) and g["per_seed"][0]["end"] == pytest.approx(0.75)
+    assert g["per_seed"][0]["bootstrap"]["mean"] == pytest.approx(0.5)
+    k = out["gains_pass@k"]["a"]
+    assert k["start"] == pytest.approx(0.5) and k["per_seed"][0]["end"] == pytest.approx(0.75)
+    assert "| `a` | 0 | 0.750 | +0.500 [" in gain_table(out["gains_greedy"], "greedy")
+    assert "start greedy pass@1" in gain_table(out["gains_greedy"], "greedy")
+    # One sample a task: pass@k is pass@1, so it is not reported; no greedy counts, no greedy gains.
+    one = {"setup": {"eval_samples": 1}, "arms": {"a": _arm([0] * 20, _ends())}}
+    assert set(all_gains(one)) == {"gains"}
+
+
+def test_eval_summary_by_hand():
+    e = eval_summary({"samples": 4, "correct": [0, 4, 1, 0, 2], "greedy_correct": [0, 1, 1, 0, 0]})
+    assert e["pass@1"] == pytest.approx(7 / 20)
+    assert e["pass@k"] == pytest.approx(3 / 5)
+    assert e["pass@1_greedy"] == pytest.approx(2 / 5)
+    plain = eval_summary({"samples": 1, "correct": [1, 0]})
+    assert plain["pass@1"] == 0.5 and "pass@k" not in plain and "pass@1_greedy" not in plain

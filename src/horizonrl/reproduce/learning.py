@@ -17,6 +17,12 @@ An arm **rose** (or **fell**) only when both intervals exclude 0 on the same sid
 
 Each seed also gets its own ``end(s) - start`` with the task bootstrap of that seed alone
 (``per_seed``): whether *every* seed rose, which a mean over seeds cannot say.
+
+The same gain is measured three ways (:data:`MEASURES`) where the evaluations allow: sampled pass@1
+(the results JSON's ``gains``), greedy pass@1 (``gains_greedy``, with ``Paper.eval_greedy``) and
+pass@k over the k samples per task (``gains_pass@k``, with ``eval_samples > 1``). A policy that only
+sharpens (samples more often what greedy decoding already did) raises sampled pass@1 but not greedy
+pass@1 or pass@k; one that learns raises greedy pass@1 too.
 """
 
 from __future__ import annotations
@@ -27,10 +33,29 @@ import numpy as np
 
 from horizonrl.reproduce.stats import Interval, paired_bootstrap, t_interval
 
+#: What a gain is measured on: the results JSON's per-task counts, and whether they are divided by the
+#: samples per task (a success rate) or read as "at least one success" (pass@k).
+MEASURES = {
+    "sampled": ("per_task", "rate"),
+    "greedy": ("per_task_greedy", "rate"),
+    "pass@k": ("per_task", "any"),
+}
 
-def rates(result: dict[str, Any], index: int = -1) -> np.ndarray:
-    """Per-task success rate of evaluation ``index`` of a run (``per_task`` counts / ``samples``)."""
-    return np.asarray(result["per_task"][index], dtype=np.float64) / max(1, result["samples"] or 1)
+
+def rates(result: dict[str, Any], index: int = -1, measure: str = "sampled") -> np.ndarray:
+    """Per-task success of evaluation ``index`` of a run under ``measure`` (:data:`MEASURES`): the
+    success rate (counts / ``samples``; one greedy episode per task), or 1.0 where any sample succeeded."""
+    key, kind = MEASURES[measure]
+    counts = np.asarray(result[key][index], dtype=np.float64)
+    if kind == "any":
+        return (counts > 0).astype(np.float64)
+    return counts / (1 if measure == "greedy" else max(1, result["samples"] or 1))
+
+
+def _measured(result: dict[str, Any], measure: str) -> bool:
+    """Whether a run (or start) holds ``measure``: its per-task counts, and k > 1 samples for pass@k."""
+    key, kind = MEASURES[measure]
+    return bool(result.get(key)) and result[key][-1] is not None and (kind != "any" or result["samples"] > 1)
 
 
 def reading(t: Interval, boot: Interval) -> str:
@@ -44,23 +69,30 @@ def reading(t: Interval, boot: Interval) -> str:
     return "no change resolved"
 
 
-def arm_gain(arm: dict[str, Any], eval_samples: int) -> dict[str, Any] | None:
-    """``{"start", "t", "bootstrap", "reading"}`` of one arm of a results JSON (module docstring);
-    ``None`` without a start evaluation or seeds."""
+def arm_gain(arm: dict[str, Any], eval_samples: int, measure: str = "sampled") -> dict[str, Any] | None:
+    """``{"start", "t", "bootstrap", "reading", "per_seed"}`` of one arm of a results JSON under
+    ``measure`` (module docstring; each pass rate is the mean of :func:`rates`); ``None`` without a start
+    evaluation, seeds, or that measure in all of them."""
     start, seeds = arm.get("start"), arm.get("seeds") or []
     if not start or not seeds:
         return None
-    ends = np.stack([rates(x) for x in seeds])
-    s0 = np.asarray(start["per_task"], dtype=np.float64) / max(1, eval_samples)
-    t = t_interval([x["pass@1"] - start["pass@1"] for x in seeds])
+    key = MEASURES[measure][0]
+    first = {key: [start.get(key)], "samples": eval_samples}
+    if not _measured(first, measure) or not all(_measured(x, measure) for x in seeds):
+        return None
+    ends = np.stack([rates(x, -1, measure) for x in seeds])
+    s0 = rates(first, 0, measure)
+    t = t_interval([float(end.mean() - s0.mean()) for end in ends])
     boot = paired_bootstrap(ends, np.broadcast_to(s0, ends.shape))
     per_seed = []
     for x, end in zip(seeds, ends, strict=True):
         b = paired_bootstrap(end[None], s0[None])
         word = "rose" if b.lo > 0 else "fell" if b.hi < 0 else "not resolved"
-        per_seed.append({"seed": x.get("seed"), "end": x["pass@1"], "bootstrap": vars(b), "reading": word})
+        per_seed.append(
+            {"seed": x.get("seed"), "end": float(end.mean()), "bootstrap": vars(b), "reading": word}
+        )
     return {
-        "start": start["pass@1"],
+        "start": float(s0.mean()),
         "t": vars(t),
         "bootstrap": vars(boot),
         "reading": reading(t, boot),
@@ -68,15 +100,31 @@ def arm_gain(arm: dict[str, Any], eval_samples: int) -> dict[str, Any] | None:
     }
 
 
-def gains(res: dict[str, Any]) -> dict[str, Any]:
-    """:func:`arm_gain` of every arm of a results JSON that has a start evaluation."""
+def gains(res: dict[str, Any], measure: str = "sampled") -> dict[str, Any]:
+    """:func:`arm_gain` of every arm of a results JSON that has a start evaluation and ``measure``."""
     samples = res["setup"].get("eval_samples") or 1
-    out = {name: arm_gain(a, samples) for name, a in res["arms"].items()}
+    out = {name: arm_gain(a, samples, measure) for name, a in res["arms"].items()}
     return {name: g for name, g in out.items() if g is not None}
 
 
-def gain_table(arm_gains: dict[str, Any]) -> str:
-    """The page's table of :func:`gains`' result (``''`` when no arm has a start evaluation)."""
+#: How each measure's gains are named in the results JSON and titled on the page.
+GAIN_KEYS = {"sampled": "gains", "greedy": "gains_greedy", "pass@k": "gains_pass@k"}
+TITLES = {"sampled": "pass@1", "greedy": "greedy pass@1", "pass@k": "pass@k"}
+
+
+def all_gains(res: dict[str, Any]) -> dict[str, Any]:
+    """``{GAIN_KEYS[m]: gains(res, m)}`` for every measure some arm has (sampled always)."""
+    out = {}
+    for measure, key in GAIN_KEYS.items():
+        g = gains(res, measure)
+        if g or measure == "sampled":
+            out[key] = g
+    return out
+
+
+def gain_table(arm_gains: dict[str, Any], measure: str = "sampled") -> str:
+    """The page's table of :func:`gains`' result under ``measure`` (``''`` when no arm has one)."""
+    what = TITLES[measure]
     rows = [
         f"| `{name}` | {g['start']:.3f} | {Interval(**g['t']).fmt()} | "
         f"[{g['bootstrap']['lo']:+.3f}, {g['bootstrap']['hi']:+.3f}] | {g['reading']} |"
@@ -85,7 +133,7 @@ def gain_table(arm_gains: dict[str, Any]) -> str:
     if not rows:
         return ""
     head = (
-        "| arm | start pass@1 | mean end − start [95% t-CI over seeds] | task bootstrap 95% CI | reading |\n"
+        f"| arm | start {what} | mean end − start [95% t-CI over seeds] | task bootstrap 95% CI | reading |\n"
         "|---|---|---|---|---|"
     )
     seed_rows = [
@@ -95,10 +143,17 @@ def gain_table(arm_gains: dict[str, Any]) -> str:
         for x in g.get("per_seed") or []
     ]
     seed_head = (
-        "| arm | seed | end pass@1 | end − start [task bootstrap 95% CI] | reading |\n|---|---|---|---|---|"
+        f"| arm | seed | end {what} | end − start [task bootstrap 95% CI] | reading |\n|---|---|---|---|---|"
     )
+    intro = {
+        "sampled": "Learning over the warm start (end − start pass@1 on the same held-out tasks",
+        "greedy": "Learning over the warm start, greedy decoding (end − start of the share of held-out tasks "
+        "one greedy episode solves",
+        "pass@k": "Learning over the warm start, pass@k (end − start of the share of held-out tasks at least "
+        "one of the k samples solves",
+    }[measure]
     return (
-        "\n\nLearning over the warm start (end − start pass@1 on the same held-out tasks; the t-interval "
+        f"\n\n{intro}; the t-interval "
         "holds the start fixed, the task bootstrap carries its sampling noise; an arm rose or fell only "
         "when both exclude 0):\n\n"
         + "\n".join([head, *rows])

@@ -96,6 +96,7 @@ def eval_items(paper: Paper, settings: Settings) -> list[str]:
         f"train.eval_samples={paper.eval_samples}",
         f"train.eval_temperature={paper.eval_temperature}",
         f"train.eval_seed={paper.eval_seed}",
+        *(["train.eval_greedy=true"] if paper.eval_greedy else []),
     ]
 
 
@@ -347,6 +348,28 @@ def _as_done(pool, fn, items):
 # ------------------------------------------------------------------ one run (subprocess entry)
 
 
+#: The scalar summaries of one held-out evaluation (:func:`eval_summary`) a run's ``result.json`` keeps
+#: for its last evaluation (``None`` where the evaluation did not measure it).
+EVAL_KEYS = ("pass@1", "pass@k", "pass@1_greedy", "tool_calls_mean", "greedy_tool_calls_mean")
+
+
+def eval_summary(e: dict[str, Any]) -> dict[str, Any]:
+    """One ``eval/step_N.json`` with its scalar summaries added.
+
+    With ``k = samples`` episodes per task and ``c_i`` successes on task ``i`` of ``N``:
+    ``pass@1 = sum_i c_i / (k N)``; ``pass@k = #{i : c_i > 0} / N`` (only when ``k > 1``: with one sample
+    it is pass@1); ``pass@1_greedy`` the share of tasks the greedy episode solved (``train.eval_greedy``).
+    """
+    k, correct = max(1, e["samples"]), e["correct"]
+    n = max(1, len(correct))
+    out = {**e, "pass@1": sum(correct) / (k * n)}
+    if k > 1:
+        out["pass@k"] = sum(1 for c in correct if c > 0) / n
+    if e.get("greedy_correct") is not None:
+        out["pass@1_greedy"] = sum(e["greedy_correct"]) / max(1, len(e["greedy_correct"]))
+    return out
+
+
 def summarize_run(
     out_dir: Path,
     diagnostics: list[str],
@@ -360,12 +383,10 @@ def summarize_run(
     """
     from horizonrl.train.records.metrics import read_metrics
 
-    evals = []
-    for p in sorted((out_dir / "eval").glob("step_*.json"), key=lambda p: int(p.stem.split("_")[1])):
-        e = json.loads(p.read_text())
-        n = max(1, e["samples"])
-        e["pass@1"] = sum(e["correct"]) / (n * max(1, len(e["correct"])))
-        evals.append(e)
+    evals = [
+        eval_summary(json.loads(p.read_text()))
+        for p in sorted((out_dir / "eval").glob("step_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    ]
     records = read_metrics(out_dir)
     steps = [r for r in records if r.get("step", 0) > 0]
     last = steps[-1] if steps else {}
@@ -377,10 +398,16 @@ def summarize_run(
     diag = {k: mean_of(k) for k in diagnostics}
     zero = next((z for z in map(mean_of, zero_adv_metrics) if z is not None), None)
     ratios = [r["train/ratio_geomean"] for r in steps if isinstance(r.get("train/ratio_geomean"), float)]
+    curve_keys = ("step", "gen_tokens", "pass@1", "pass@k", "pass@1_greedy")
     return {
-        "pass@1": evals[-1]["pass@1"] if evals else None,
-        "curve": [{"step": e["step"], "gen_tokens": e["gen_tokens"], "pass@1": e["pass@1"]} for e in evals],
+        **{k: evals[-1].get(k) if evals else None for k in EVAL_KEYS},
+        "curve": [{k: e[k] for k in curve_keys if k in e} for e in evals],
         "per_task": [list(e["correct"]) for e in evals],
+        **(
+            {"per_task_greedy": [e.get("greedy_correct") for e in evals]}
+            if any("greedy_correct" in e for e in evals)
+            else {}
+        ),
         "samples": evals[-1]["samples"] if evals else None,
         "generated_tokens": int(last.get("budget/gen_tokens", 0)),
         "rollouts": int(last.get("budget/rollouts", 0)),

@@ -70,6 +70,10 @@ class Paper:
     eval_samples: int = 1
     eval_temperature: float = 1.0
     eval_seed: int = 20261201
+    #: also decode every held-out task once greedily at each evaluation (``train.eval_greedy``): the page
+    #: then reports start and end greedy beside sampled, so sharpening (greedy already solved it) is told
+    #: apart from learning (greedy rises too)
+    eval_greedy: bool = False
     gate: tuple[float, float] = (0.25, 0.75)
     gate_tasks: int = 128
     gate_samples: int = 2
