@@ -1,3 +1,3 @@
 """horizonrl: reinforcement learning for LLM agents over long, structured trajectories."""
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"

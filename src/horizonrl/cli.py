@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import horizonrl
 from horizonrl.config import ConfigError, describe, load_config
 from horizonrl.errors import HorizonWarning, is_user_error
 
@@ -498,6 +499,7 @@ def _add_list_commands(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="horizonrl", description=__doc__)
+    p.add_argument("--version", action="version", version=f"horizonrl {horizonrl.__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     _add_run_commands(sub)
     _add_server_commands(sub)
