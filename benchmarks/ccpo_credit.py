@@ -1,7 +1,7 @@
 """Cost of ``contextual_credit`` (vectorized) vs a straightforward per-step loop reference.
 
 The reference, :func:`reference_contextual_credit`, is an independent, literal
-implementation of spec/ccpo.md: it deduplicates rows with a dict, builds the
+implementation of docs/spec/ccpo.md: it deduplicates rows with a dict, builds the
 trajectory summary with Python sets and integer floor division, removes
 principal directions with an SVD, and for every step collects its peers,
 bandwidth (cached per bucket), kernel weights and per-trajectory aggregates in
@@ -60,7 +60,7 @@ def reference_contextual_credit(
     future_weight: float = 1.0,
     features: np.ndarray | None = None,
 ) -> ContextualCredit:
-    """Per-step loop implementation of spec/ccpo.md (pass ``features`` to skip the feature map)."""
+    """Per-step loop implementation of docs/spec/ccpo.md (pass ``features`` to skip the feature map)."""
     n_rows = len(steps)
     keys = [
         (repr(steps.task_ids[k]), repr(steps.trajectory_ids[k]), int(steps.steps[k])) for k in range(n_rows)

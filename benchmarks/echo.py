@@ -1,4 +1,4 @@
-"""ECHO vs SUPO vs GRPO (truncation) from one warm start (ECHO paper §5, Figure 1; spec/echo.md).
+"""ECHO vs SUPO vs GRPO (truncation) from one warm start (ECHO paper §5, Figure 1; docs/spec/echo.md).
 
 The three packaged configs (``echo_lookup``, ``supo_lookup``, ``grpo_truncate_lookup``) share the
 environment (4-hop lookup, 6 distractor facts per search), the 672-token context budget, the model and

@@ -1,4 +1,4 @@
-"""Tests for CCPO contextual credit (spec/ccpo.md): hand-worked values, spec properties, loop reference."""
+"""CCPO contextual credit (docs/spec/ccpo.md): hand-worked values, spec properties, loop reference."""
 
 from __future__ import annotations
 

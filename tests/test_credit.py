@@ -1,4 +1,4 @@
-"""Tests for horizonrl.credit: values derived by hand from spec/baselines.md."""
+"""Tests for horizonrl.credit: values derived by hand from docs/spec/baselines.md."""
 
 from __future__ import annotations
 

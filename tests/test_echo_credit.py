@@ -1,4 +1,4 @@
-"""ECHO traceable credit (spec/echo.md "Credit"; paper Eq. 13-14): masks and advantages by hand."""
+"""ECHO traceable credit (docs/spec/echo.md "Credit"; paper Eq. 13-14): masks and advantages by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for the GiGPO and HGPO step-level baselines (spec/baselines.md "GiGPO"; HGPO reconstruction)."""
+"""Tests for the GiGPO and HGPO step-level baselines (docs/spec/baselines.md "GiGPO"; HGPO reconstruction)."""
 
 from __future__ import annotations
 

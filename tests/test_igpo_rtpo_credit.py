@@ -1,4 +1,4 @@
-"""IGPO (spec/baselines.md) and RTPO sibling credit (spec/rtpo.md): values derived by hand."""
+"""IGPO (docs/spec/baselines.md) and RTPO sibling credit (docs/spec/rtpo.md): values derived by hand."""
 
 from __future__ import annotations
 

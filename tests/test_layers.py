@@ -108,7 +108,7 @@ def test_the_circle_check_sees_lazy_imports():
     assert not [n for n in _walk(ast.parse(hidden).body, lazy=True) if isinstance(n, ast.ImportFrom)]
 
 
-# The package's floors, top to bottom (docs/architecture.md; ../shared/DESIGN.md's layers): a module
+# The package's floors, top to bottom (docs/architecture.md; docs/design.md's layers): a module
 # imports its own package and the floors below its own only; packages on one floor do not import
 # each other. Every top-level package and module of horizonrl stands on one.
 FLOORS = [
@@ -130,7 +130,7 @@ FLOORS = [
     ("errors",),
 ]
 
-# DESIGN.md, beyond the floors: trajectory depends on nothing; credit and losses never touch models,
+# docs/design.md, beyond the floors: trajectory depends on nothing; credit and losses never touch models,
 # agents, envs or trainers; environments never drive an engine (rewards reach an LLM judge's
 # client, not envs).
 FORBIDDEN: dict[str, tuple[str, ...]] = {

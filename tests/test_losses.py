@@ -1,4 +1,4 @@
-"""Tests for horizonrl.losses: hand-computed values from spec/baselines.md."""
+"""Tests for horizonrl.losses: hand-computed values from docs/spec/baselines.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ECHO turn memory (spec/echo.md "Rollout"; paper Algorithm 1): repair operator, parsing, the loop."""
+"""ECHO turn memory (docs/spec/echo.md "Rollout"; paper Algorithm 1): repair operator, parsing, the loop."""
 
 from __future__ import annotations
 

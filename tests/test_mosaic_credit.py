@@ -1,4 +1,4 @@
-"""Mosaic credit math (spec/mosaic.md): values derived by hand from the spec."""
+"""Mosaic credit math (docs/spec/mosaic.md): values derived by hand from the spec."""
 
 from __future__ import annotations
 

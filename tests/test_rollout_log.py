@@ -110,7 +110,7 @@ def test_ccpo_side_info_counts_peers_by_hand():
 
 
 def _shaped(base, r_norm, all_failed, lambda_r=0.1):
-    """``A_{i,s}`` of spec/mosaic.md written out: base if ineligible, else the gated ``base + lambda r_s``."""
+    """``A_{i,s}`` of docs/spec/mosaic.md: base if ineligible, else the gated ``base + lambda r_s``."""
     if r_norm is None:
         return base
     a = base + lambda_r * (min(r_norm, 0.0) if all_failed else r_norm)

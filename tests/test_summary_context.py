@@ -1,4 +1,4 @@
-"""SUPO rolling summary (spec/baselines.md "SUPO") and the helpers shared with the ECHO turn memory."""
+"""SUPO rolling summary (docs/spec/baselines.md "SUPO") and the helpers shared with the ECHO turn memory."""
 
 from __future__ import annotations
 

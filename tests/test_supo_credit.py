@@ -1,4 +1,4 @@
-"""SUPO credit (spec/baselines.md "SUPO"): GRPO over non-overlong rollouts, broadcast, overlong -> 0."""
+"""SUPO credit (docs/spec/baselines.md "SUPO"): GRPO over non-overlong rollouts, broadcast, overlong -> 0."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mosaic context compaction (paper appendix C.1; spec/mosaic.md "Rollout scenarios").
+"""Mosaic context compaction (paper appendix C.1; docs/spec/mosaic.md "Rollout scenarios").
 
 Before a turn is committed the manager forms the prospective continuation
 (session prefix + assistant output + tool response + next generation prefix).
@@ -31,7 +31,7 @@ A rollout with ``m`` compactions has ``2m + 1`` sessions: normal, compaction,
 normal, ... Segment links: a compaction segment's ``parent`` is the session it
 compacted and ``fork_index`` its compaction number; the next normal session's
 ``parent`` is the compaction segment. For Mosaic's information gain
-(spec/mosaic.md, B.1) every compaction segment records ``info["h_minus"]`` (the
+(docs/spec/mosaic.md, B.1) every compaction segment records ``info["h_minus"]`` (the
 retained history before compaction) and ``info["h_plus"]`` (the next session's
 prompt) as token ids, and the normal session that was compacted records its own
 ``info["h_plus"]``: the context at the moment it ended, its last tool response

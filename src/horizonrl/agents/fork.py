@@ -1,4 +1,4 @@
-"""Mosaic subagent forking (paper appendix C.2; spec/mosaic.md "Rollout scenarios").
+"""Mosaic subagent forking (paper appendix C.2; docs/spec/mosaic.md "Rollout scenarios").
 
 The main agent gets the base system prompt plus the delegation instruction and,
 besides the environment's tools, the ``fork`` tool (schema verbatim from the

@@ -1,4 +1,4 @@
-"""ECHO selective turn memory (spec/echo.md "Rollout"; paper §4.2, Algorithm 1, Eq. 8-12).
+"""ECHO selective turn memory (docs/spec/echo.md "Rollout"; paper §4.2, Algorithm 1, Eq. 8-12).
 
 Rollout (``rollout.context: memory``):
 
@@ -83,7 +83,7 @@ TOOL_MARKUP = ("<tool_call>", "<answer>")
 RETRIEVALS = ("learned", "semantic")
 OBSERVATIONS = ("findings", "full")
 # The paper's appendix D.2 prompts are missing from its extracted text; these follow §4.2 / Algorithm 1 /
-# spec/echo.md and are kept short, because every hint stays in the context (Algorithm 1 line 24).
+# docs/spec/echo.md and are kept short, because every hint stays in the context (Algorithm 1 line 24).
 HINT = f"Begin your reply with {SUM_OPEN}one fact from this result{SUM_CLOSE}, then your next action."
 SELECTION_INSTRUCTION = (
     "Which turns should be kept (evidence, constraints, failed attempts, next steps)? Reply with one "
@@ -196,7 +196,7 @@ def repair_selection(
     cost: Callable[[tuple[int, ...]], int] | None = None,
     budget: int | None = None,
 ) -> Repair:
-    """The repair operator ``rho_{B,S,K}`` (paper Eq. 10, spec/echo.md), a pure function.
+    """The repair operator ``rho_{B,S,K}`` (paper Eq. 10, docs/spec/echo.md), a pure function.
 
     In entry order: a non-integer entry is *malformed*; an index not in ``available`` is *out of range*;
     one seen before is a *duplicate*; past the first ``S = max_selected`` valid ones it is *over cap*.

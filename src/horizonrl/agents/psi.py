@@ -1,4 +1,4 @@
-"""RTPO conditioning maps ``psi`` as context managers (paper §3.1, App. E.2/E.4; spec/rtpo.md).
+"""RTPO conditioning maps ``psi`` as context managers (paper §3.1, App. E.2/E.4; docs/spec/rtpo.md).
 
 A ``K``-turn episode has boundary states ``S_k`` (the raw history before turn
 ``k``); the model is conditioned on ``c_k = psi(S_k)``. Each manager below

@@ -4,7 +4,7 @@ Agents never call a chat template themselves. They keep a token context and exte
 :class:`Renderer`: the first prompt from messages (:meth:`~Renderer.initial_ids`), then after each
 generation the end-of-turn token when the generation was cut (:meth:`~Renderer.end_of_turn_ids`) and
 the rendered reply with the next assistant header (:meth:`~Renderer.continuation_ids`). A prompt then
-extends the previous prompt token for token, so one episode trains as one row (DESIGN.md, "Prompts").
+extends the previous prompt token for token, so one episode trains as one row (docs/design.md, "Prompts").
 
 The implementation is :class:`horizonrl.models.chat.ChatRenderer` (built from the run's tokenizer by
 :func:`horizonrl.models.chat.renderer_for`); this protocol names only the methods the agent layer calls,

@@ -1,4 +1,4 @@
-"""Step-wise agent (``rollout.agent: stepwise``): one rebuilt prompt per step (spec/ccpo.md).
+"""Step-wise agent (``rollout.agent: stepwise``): one rebuilt prompt per step (docs/spec/ccpo.md).
 
 The verl-agent style CCPO trains in (paper Sec. 3.1; template: App. D, Table S4): instead of one growing
 chat, the prompt ``p_{i,t}`` of step ``t`` is rebuilt from scratch out of

@@ -1,4 +1,4 @@
-"""SUPO rolling summary (spec/baselines.md "SUPO"; Lu et al. 2025, the baseline of ECHO §5) and the
+"""SUPO rolling summary (docs/spec/baselines.md "SUPO"; Lu et al. 2025, the baseline of ECHO §5) and the
 message-level helpers it shares with the ECHO turn memory (:mod:`horizonrl.agents.memory`).
 
 Rollout (``rollout.context: summary``). The working context grows append-only. When, after a turn
@@ -171,7 +171,7 @@ def agent_turns(ep: Episode) -> list[Turn]:
 
 
 def base_metrics(ep: Episode, splits: int) -> dict[str, float]:
-    """Metrics both managers report (averaged per step as ``rollout/<key>``; spec/echo.md "Metrics").
+    """Metrics both managers report (averaged per step as ``rollout/<key>``; docs/spec/echo.md "Metrics").
 
     ``tool_turns``: agent turns that ran a tool; ``splits``: reconstructions (summaries); ``split``: 1 if
     any (its mean is the split rate); ``segments``: working segments; ``response_length``: mean generated

@@ -9,7 +9,7 @@ from horizonrl.config.fields import _Section, opt
 
 @dataclass(frozen=True)
 class InferenceConfig(_Section):
-    """The rollout engine (DESIGN.md "Engines"; :mod:`horizonrl.inference.registry`)."""
+    """The rollout engine (docs/design.md "Engines"; :mod:`horizonrl.inference.registry`)."""
 
     _prefix = "inference."
     engine: str = opt("hf", "rollout engine: 'hf' (embedded, shares the training model) or 'vllm'")

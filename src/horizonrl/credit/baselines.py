@@ -1,7 +1,7 @@
 """Baseline estimators: GRPO, Dr.GRPO, RLOO and multi-session broadcasting.
 
 Each computes one advantage per rollout within its group from the outcome
-rewards (spec/baselines.md) and gives it to every response token of every turn
+rewards (docs/spec/baselines.md) and gives it to every response token of every turn
 of every segment (:func:`~horizonrl.credit.broadcast.broadcast_to_tokens`).
 They differ in the per-rollout formula and in the loss aggregation they are
 defined with.
@@ -45,7 +45,7 @@ class GRPOParams:
     params=GRPOParams,
 )
 def grpo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
-    """GRPO: A_i = (R_i - mean R) / (std R + eps) (ddof=1) on every response token (baselines.md).
+    """GRPO: A_i = (R_i - mean R) / (std R + eps) (ddof=1) on every response token (docs/spec/baselines.md).
 
     ``params``: :class:`GRPOParams`."""
     p = GRPOParams(**params)
@@ -60,7 +60,8 @@ def grpo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
     "(algo.loss_norm_tokens)",
 )
 def drgrpo(groups: Sequence[Group]) -> TokenAdvantages:
-    """Dr.GRPO: A_i = R_i - mean R on every response token, seq-mean-token-sum-norm loss (baselines.md)."""
+    """Dr.GRPO: A_i = R_i - mean R on every response token, seq-mean-token-sum-norm loss
+    (docs/spec/baselines.md)."""
     values = per_group(groups, lambda r: group_advantage(r, normalize_std=False))
     return broadcast_to_tokens(groups, values)
 
@@ -72,7 +73,7 @@ def drgrpo(groups: Sequence[Group]) -> TokenAdvantages:
     "(exact with algo.policy_loss=reinforce)",
 )
 def rloo(groups: Sequence[Group]) -> TokenAdvantages:
-    """RLOO: A_i = R_i - mean_{j != i} R_j on every response token (baselines.md)."""
+    """RLOO: A_i = R_i - mean_{j != i} R_j on every response token (docs/spec/baselines.md)."""
     return broadcast_to_tokens(groups, per_group(groups, rloo_advantage))
 
 
@@ -83,7 +84,8 @@ def rloo(groups: Sequence[Group]) -> TokenAdvantages:
     params=GRPOParams,
 )
 def broadcast(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
-    """Broadcasting: the GRPO advantage on every session, rollout-mean-token-mean loss (baselines.md).
+    """Broadcasting: the GRPO advantage on every session, rollout-mean-token-mean loss
+    (docs/spec/baselines.md "Broadcasting").
 
     The Mosaic paper's multi-session baseline: the same per-token values and the
     same default aggregation as ``grpo`` (GRPO's per-trajectory mean is per rollout

@@ -35,7 +35,7 @@ def broadcast_to_tokens(
     """Give every response token of rollout ``i`` the value ``values[i]``.
 
     ``values[i]`` is either a scalar (the same value on every turn of every
-    segment: the multi-session broadcasting baseline of spec/baselines.md,
+    segment: the multi-session broadcasting baseline of docs/spec/baselines.md,
     "Broadcasting") or a sequence with one scalar per segment of rollout ``i``
     (session-dependent advantages, e.g. Mosaic's shaped session advantages).
     Rollouts are taken in the order of :func:`flatten_rollouts`.

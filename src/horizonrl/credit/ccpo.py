@@ -1,4 +1,4 @@
-"""CCPO: contextual credit from observation-matched peers (spec/ccpo.md; paper Sec. 3 and App. C).
+"""CCPO: contextual credit from observation-matched peers (docs/spec/ccpo.md; paper Sec. 3 and App. C).
 
 For each unique step ``(i, t)`` of task ``x`` with observation ``o_{i,t}``:
 

@@ -1,4 +1,4 @@
-"""CCPO step batches and context features (spec/ccpo.md, "Context features"; paper App. C.1).
+"""CCPO step batches and context features (docs/spec/ccpo.md, "Context features"; paper App. C.1).
 
 A :class:`StepBatch` holds one row per agent step (decision) ``(i, t)``: the task,
 the trajectory, the step index ``t``, the trajectory length ``T_i`` (number of
@@ -182,7 +182,7 @@ def prompt_observations(rollout: Rollout, *, mode: str = "prompt") -> list[str]:
     step-wise agent) or a digest of its prompt ids.
 
     ``mode="prompt"`` (the ``state`` key): the state shown at the end of the turn's prompt,
-    i.e. ``o_{i,t}`` of spec/ccpo.md. The agent loop stores on each turn the key
+    i.e. ``o_{i,t}`` of docs/spec/ccpo.md. The agent loop stores on each turn the key
     of the state *after* its action (``Turn.obs_key`` is the environment's reply),
     so turn ``t > 0`` takes the previous turn's ``obs_key`` (or, without one, its
     observation text); the first turn takes ``rollout.env["initial_obs_key"]`` when the

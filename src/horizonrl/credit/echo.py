@@ -1,4 +1,4 @@
-"""ECHO: provenance-guided (traceable) credit assignment (spec/echo.md "Credit"; paper §4.3, Eq. 13-15).
+"""ECHO: provenance-guided (traceable) credit assignment (docs/spec/echo.md "Credit"; paper §4.3, Eq. 13-15).
 
 For each generated token ``q`` of rollout ``n`` the ECHO agent records (paper §4.3, Algorithm 1):
 
@@ -282,7 +282,7 @@ class ECHOParams:
 
 @register_estimator("echo", loss_agg_mode="token-mean", params=ECHOParams)
 def echo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
-    """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (spec/echo.md, Eq. 13-14).
+    """ECHO traceable credit: A~_q = max(A, 0) * mu_q over valid-rollout GRPO (docs/spec/echo.md, Eq. 13-14).
 
     - ``A``: :func:`valid_group_advantage`; a rollout is *valid* unless its ``termination`` is in
       ``invalid_terminations`` (default ``("error",)``). Invalid rollouts are left out of the
@@ -310,7 +310,7 @@ def echo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
       with ``A < 0`` gets ``neg_penalty * A`` on every generated token (dense, no mask), so failures
       are pushed down too; positive credit is unchanged. Needs ``sign_rule="positive"``.
 
-    Trainer defaults for ECHO (spec/echo.md "Loss", spec/baselines.md): ``token-mean`` aggregation,
+    Trainer defaults for ECHO (docs/spec/echo.md "Loss", docs/spec/baselines.md): ``token-mean`` aggregation,
     PPO clip ``e_lo = 0.2, e_hi = 0.28`` (dual clip ``c = 3``), no KL penalty. ``params``:
     :class:`ECHOParams`.
     """

@@ -1,4 +1,4 @@
-"""Step-level group baselines: GiGPO and HGPO (spec/baselines.md "GiGPO"; ccpo paper Sec. 2, 4.1).
+"""Step-level group baselines: GiGPO and HGPO (docs/spec/baselines.md "GiGPO"; ccpo paper Sec. 2, 4.1).
 
 **GiGPO** (Feng et al. 2025, verl-agent)::
 
@@ -13,7 +13,7 @@ values) gives 0. Defaults ``omega = 1``, ``gamma = 0.95``.
 
 Episode term, two readings (``episode=``):
 
-- ``"trajectory"`` (spec/baselines.md): one value per rollout, the mean over the
+- ``"trajectory"`` (docs/spec/baselines.md): one value per rollout, the mean over the
   group's rollouts, no penalty;
 - ``"steps"`` (verl-agent, the framework the CCPO paper ran:
   ``episode_norm_reward(..., compute_mean_std_cross_steps=True)`` after
@@ -291,13 +291,14 @@ class GiGPOParams:
     paper's setting), ``state`` (the environment's ``Turn.obs_key``, perfect anchors) or ``turn``
     (:func:`~horizonrl.credit.ccpo_features.observation_mode`)."""
     episode: str = "trajectory"
-    """Episode term: ``trajectory`` (one value per rollout, spec/baselines.md) or ``steps`` (every step
+    """Episode term: ``trajectory`` (one value per rollout, docs/spec/baselines.md) or ``steps`` (every step
     row, verl-agent's reading; module docstring)."""
 
 
 @register_estimator("gigpo", loss_agg_mode="token-mean", params=GiGPOParams)
 def gigpo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
-    """GiGPO: episode advantage + omega x anchor-state step advantage on each step's tokens (baselines.md).
+    """GiGPO: episode advantage + omega x anchor-state step advantage on each step's tokens
+    (docs/spec/baselines.md "GiGPO").
 
     Anchor states are the observations each turn was decided on, matched on their
     text (``obs_key="text"``, the paper's setting) or the environment's state key

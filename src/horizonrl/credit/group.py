@@ -1,4 +1,4 @@
-"""Group-relative trajectory advantages (spec/baselines.md, "Group-relative trajectory advantages").
+"""Group-relative trajectory advantages (docs/spec/baselines.md, "Group-relative trajectory advantages").
 
 All functions take the terminal outcome rewards ``R`` of one group (all rollouts
 of one task) and return one advantage per rollout, as a float64 array.
@@ -46,7 +46,7 @@ def group_advantage(
         A_i = R_i - mean(R)
 
     A group of one rollout, or a group whose rewards are all equal, gets ``A = 0``
-    exactly (spec/baselines.md). Non-finite rewards raise ``ValueError``. ``ddof=0`` uses the
+    exactly (docs/spec/baselines.md). Non-finite rewards raise ``ValueError``. ``ddof=0`` uses the
     population std (ECHO's released code).
     """
     r = _as_rewards(rewards)
@@ -64,7 +64,7 @@ def rloo_advantage(rewards: ArrayLike | Sequence[float]) -> np.ndarray:
         A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean(R))
 
     A group of one rollout (no other sample to compare with), or a group whose
-    rewards are all equal, gets ``A = 0`` exactly (spec/baselines.md).
+    rewards are all equal, gets ``A = 0`` exactly (docs/spec/baselines.md).
     """
     r = _as_rewards(rewards)
     if _degenerate(r):
@@ -84,7 +84,7 @@ def valid_group_advantage(
     """GRPO over the valid rollouts of one group; invalid rollouts get 0.
 
     ECHO (paper §4.3, after Eq. 14) excludes overlong/error rollouts this way; SUPO its
-    overlong ones (spec/baselines.md).
+    overlong ones (docs/spec/baselines.md).
 
     ``A_i = (R_i - mean_V R) / (std_V R + eps)`` for ``i in V`` (sample std over the valid set
     ``V``, population std with ``ddof=0``; fewer than two valid rollouts, or equal valid rewards,

@@ -1,6 +1,6 @@
-"""IGPO: turn-level information-gain rewards (spec/baselines.md, "IGPO").
+"""IGPO: turn-level information-gain rewards (docs/spec/baselines.md, "IGPO").
 
-The Mosaic paper's turn-level comparison point (papers/mosaic.txt §4, Table 1;
+The Mosaic paper's turn-level comparison point (Mosaic §4, Table 1;
 Wang et al. 2026). Every non-final turn ``t`` is rewarded by how much it raised
 the policy's belief in the ground-truth answer::
 
@@ -114,7 +114,7 @@ def _split_scores(entries: Sequence[ScorePair], n_turns: int, i: int) -> tuple[l
 
 @dataclass(frozen=True)
 class IGPOParams:
-    """The parameters of ``igpo`` (``algo.estimator_params``; spec/baselines.md)."""
+    """The parameters of ``igpo`` (``algo.estimator_params``; docs/spec/baselines.md)."""
 
     mode: str = "logprob"
     """Information gain of a turn from its scores: ``logprob`` (difference of mean answer-token
@@ -130,7 +130,7 @@ def igpo(
     scores: Sequence[Sequence[ScorePair]],
     **params: Any,
 ) -> TokenAdvantages:
-    """IGPO: turn-level information-gain advantages, each on its turn's tokens (spec/baselines.md).
+    """IGPO: turn-level information-gain advantages, each on its turn's tokens (docs/spec/baselines.md).
 
     ``scores``: aligned with ``[r for g in groups for r in g.rollouts]``;
     ``scores[i][t] = (score(h before turn t), score(h after turn t))`` for the

@@ -1,6 +1,6 @@
 """Mosaic: session-aware trajectory advantage + session-level advantage shaping.
 
-Spec: spec/mosaic.md; paper: papers/mosaic.txt (§3.1 Eq. 14, §3.2, A.1, A.2, B.1, B.2).
+Spec: docs/spec/mosaic.md; paper: Mosaic (§3.1 Eq. 14, §3.2, A.1, A.2, B.1, B.2).
 
 Hierarchy of the credit signal for rollout ``i`` of a group:
 
@@ -38,7 +38,7 @@ Gains = Sequence[Sequence[float | None]]
 
 
 def centered_rank(values: ArrayLike) -> np.ndarray:
-    """Centered average rank ``u_j = (2 r_j - n - 1) / (n - 1)`` in ``[-1, 1]`` (spec/mosaic.md, step 2).
+    """Centered average rank ``u_j = (2 r_j - n - 1) / (n - 1)`` in ``[-1, 1]`` (docs/spec/mosaic.md, step 2).
 
     ``r_j`` is the 1-based *average* rank of ``values[j]`` (ties share the mean of
     their ranks), so ``u`` increases with the value, sums to 0, and is 0 for every
@@ -65,7 +65,7 @@ def session_aware_advantage(
 ) -> np.ndarray:
     """Session-aware trajectory advantage ``Â^sat`` of one group (paper §3.1, Eq. 14; A.1, A.2).
 
-    ``Â_i`` is the GRPO advantage of ``R`` (sample std, ``eps``; spec/baselines.md).
+    ``Â_i`` is the GRPO advantage of ``R`` (sample std, ``eps``; docs/spec/baselines.md).
     ``u_i`` = :func:`centered_rank` of ``N_i`` within its outcome subgroup
     ``{j : R_j = R_i}``. Then::
 
@@ -98,11 +98,11 @@ def session_aware_advantage(
 
 
 def normalize_session_gains(gains: Gains, types: Sequence[Sequence[str]], *, eps: float = 1e-6) -> Gains:
-    """Type-conditioned group normalization of raw gains (paper §3.2, Fig. 5; spec/mosaic.md).
+    """Type-conditioned group normalization of raw gains (paper §3.2, Fig. 5; docs/spec/mosaic.md).
 
     For each session type ``k``, over the group's eligible sessions ``S_k`` (gain
     not ``None``): ``r_s = (r^Δ_s - mean(S_k)) / (std(S_k) + eps)``, sample std
-    (ddof=1, spec/README.md). ``r_s = 0`` when ``|S_k| < 2`` or ``std(S_k) <= eps``.
+    (ddof=1, docs/spec/README.md). ``r_s = 0`` when ``|S_k| < 2`` or ``std(S_k) <= eps``.
     Ineligible sessions stay ``None``. Global normalization = one shared type.
     """
     if len(gains) != len(types):
@@ -145,7 +145,7 @@ def shape_session_advantages(
     lambda_r: float = 0.1,
     eps: float = 1e-6,
 ) -> list[np.ndarray]:
-    """Per-session advantages ``A_{i,s}`` of one group (paper §3.2, B.2; spec/mosaic.md).
+    """Per-session advantages ``A_{i,s}`` of one group (paper §3.2, B.2; docs/spec/mosaic.md).
 
     ``base[i]`` = ``Â^sat_i``; ``gains[i][s]`` = raw marginal IG ``r^Δ_s`` of session
     ``s`` of rollout ``i`` or ``None`` if not eligible (terminal session, or not
@@ -212,7 +212,7 @@ def marginal_information_gain(score_before: float | None, score_after: float | N
 
 
 def information_gain_metrics(gains: Sequence[float | None]) -> dict[str, float]:
-    """Paper metrics over raw gains (spec/mosaic.md "Metrics"; paper D.3).
+    """Paper metrics over raw gains (docs/spec/mosaic.md "Metrics"; paper D.3).
 
     ``positive_ig_rate`` = share of eligible sessions with ``r^Δ > 0``;
     ``ig_per_session`` = mean of ``max(r^Δ, 0)``; ``eligible`` = their count.
@@ -284,7 +284,7 @@ def _record_side_info(start: int, group: Group, base: np.ndarray, gains: Gains |
 
 @dataclass(frozen=True)
 class MosaicParams:
-    """The parameters of ``mosaic`` (``algo.estimator_params``; spec/mosaic.md, module docstring)."""
+    """The parameters of ``mosaic`` (``algo.estimator_params``; docs/spec/mosaic.md, module docstring)."""
 
     rho: float = 0.2
     """Mixed-outcome groups: ``A^sat_i = A_i (1 - rho u_i)``, ``u_i`` the centered rank of the session
@@ -313,7 +313,7 @@ def mosaic(
     gains: Sequence[Sequence[float | None] | None] | None = None,
     **params: Any,
 ) -> TokenAdvantages:
-    """Mosaic: session-aware trajectory advantage + IG session shaping (spec/mosaic.md).
+    """Mosaic: session-aware trajectory advantage + IG session shaping (docs/spec/mosaic.md).
 
     ``gains``: aligned with ``[r for g in groups for r in g.rollouts]``; ``gains[i]``
     is ``None`` (no eligible session) or a list with one entry per segment of

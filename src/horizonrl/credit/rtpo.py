@@ -1,6 +1,6 @@
 """RTPO credit math: sibling advantages and the off-policy continuation weight.
 
-Spec: spec/rtpo.md; paper: papers/rtpo.txt (§3.2, Algorithm 1 line 9, Eq. 83;
+Spec: docs/spec/rtpo.md; paper: RTPO (§3.2, Algorithm 1 line 9, Eq. 83;
 off-policy variant §4.4, F.3 Eq. 105, G.6 Eqs. 108-110).
 
 The reverse-turn trainer forks ``G - 1`` siblings from one trunk boundary
@@ -26,7 +26,7 @@ from horizonrl.credit.group import finite_vector
 
 
 def sibling_advantage(rewards: ArrayLike) -> np.ndarray:
-    """RTPO turn-level advantage ``A_j = R_j - mean(R)`` over one sibling set (spec/rtpo.md step 3).
+    """RTPO turn-level advantage ``A_j = R_j - mean(R)`` over one sibling set (docs/spec/rtpo.md step 3).
 
     ``rewards`` are the returns ``R_j`` (or Q-value estimates, e.g. from
     :func:`off_policy_q_values`) of the ``G - 1`` siblings forked from one
@@ -42,7 +42,7 @@ def sibling_advantage(rewards: ArrayLike) -> np.ndarray:
 
 
 def zero_advantage_rate(sibling_sets: Sequence[ArrayLike]) -> float:
-    """Share of sibling sets whose returns are all equal (spec/rtpo.md "Metrics"); 0.0 for no sets."""
+    """Share of sibling sets whose returns are all equal (docs/spec/rtpo.md "Metrics"); 0.0 for no sets."""
     if not sibling_sets:
         return 0.0
     flat = [finite_vector(r, "rewards", per="sibling") for r in sibling_sets]
@@ -83,7 +83,7 @@ def clamped_trajectory_weight(
 ) -> float:
     """Off-policy weight ``w = clamp(prod_{h>k} prod_t pi_{theta>k}/pi_{theta_0}, rho_min, rho_max)``.
 
-    Paper F.3 Eq. 105 / G.6 Eq. 110, computed in log space (spec/rtpo.md): the
+    Paper F.3 Eq. 105 / G.6 Eq. 110, computed in log space (docs/spec/rtpo.md): the
     summed log-ratio is clamped to ``[log rho_min, log rho_max]`` before one
     ``exp``, so long downstream continuations neither overflow nor underflow
     before clamping. ``logp_new`` are the downstream tokens' log-probs under the

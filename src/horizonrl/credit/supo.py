@@ -1,4 +1,4 @@
-"""SUPO: rolling-summary baseline credit (spec/baselines.md "SUPO"; Lu et al. 2025, compared in ECHO §5).
+"""SUPO: rolling-summary baseline credit (docs/spec/baselines.md "SUPO"; Lu et al. 2025, compared in ECHO §5).
 
 A SUPO rollout writes ``<summary>...</summary>`` whenever its working context reaches the budget and
 continues in a new segment from the task + summary. More than ``S`` summaries, or an unparsable
@@ -38,7 +38,7 @@ def supo_advantage(
 ) -> np.ndarray:
     """Per-rollout SUPO advantage of one group: GRPO over the non-overlong rollouts, 0 for overlong.
 
-    ``normalize_std=False`` gives the Dr.GRPO form ``R_i - mean_V R`` (spec/baselines.md).
+    ``normalize_std=False`` gives the Dr.GRPO form ``R_i - mean_V R`` (docs/spec/baselines.md).
     """
     over = np.asarray(overlong, dtype=bool)
     if over.ndim != 1:
@@ -61,7 +61,8 @@ class SUPOParams:
 
 @register_estimator("supo", loss_agg_mode="token-mean", params=SUPOParams)
 def supo(groups: Sequence[Group], **params: Any) -> TokenAdvantages:
-    """SUPO: GRPO over non-overlong rollouts, broadcast to every segment; overlong get 0 (baselines.md).
+    """SUPO: GRPO over non-overlong rollouts, broadcast to every segment; overlong get 0
+    (docs/spec/baselines.md "SUPO").
 
     A rollout is overlong when its ``termination`` is in ``overlong_terminations`` (default
     ``("overlong",)``). The value of :func:`supo_advantage` goes to every generated token of every

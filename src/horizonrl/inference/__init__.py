@@ -1,4 +1,4 @@
-"""Inference engines: sample continuations and score them by teacher forcing (DESIGN.md, "Engines")."""
+"""Inference engines: sample continuations and score them by teacher forcing (docs/design.md, "Engines")."""
 
 from horizonrl.inference.base import Engine, Generation, SamplingParams
 from horizonrl.inference.hf import HFEngine

@@ -1,4 +1,4 @@
-"""Engine interface (DESIGN.md, "Engines").
+"""Engine interface (docs/design.md, "Engines").
 
 An engine samples continuations of token-id prompts and scores given
 continuations by teacher forcing. Log-probs are those of the sampling

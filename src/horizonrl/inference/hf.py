@@ -1,4 +1,4 @@
-"""Embedded Hugging Face engine (DESIGN.md, "Engines").
+"""Embedded Hugging Face engine (docs/design.md, "Engines").
 
 ``HFEngine`` samples from any ``transformers`` causal LM with a KV cache:
 prompts are left-padded into a batch with an attention mask and explicit

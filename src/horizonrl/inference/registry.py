@@ -1,4 +1,4 @@
-"""Registry of rollout engines (``inference.engine`` in configs; DESIGN.md, "Engines").
+"""Registry of rollout engines (``inference.engine`` in configs; docs/design.md, "Engines").
 
 Trainers never construct an engine class directly: they call :func:`make_engine`
 with the training model, and the registered factory decides whether the engine

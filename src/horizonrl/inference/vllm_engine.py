@@ -1,4 +1,4 @@
-"""vLLM rollout engine (``inference.engine: vllm``; DESIGN.md, "Engines").
+"""vLLM rollout engine (``inference.engine: vllm``; docs/design.md, "Engines").
 
 :class:`VLLMEngine` runs a ``vllm.LLM`` over its own copy of the policy, in
 vLLM's engine processes, and implements :class:`~horizonrl.inference.base.Engine`

@@ -1,4 +1,4 @@
-"""The one loss aggregation point (spec/baselines.md, "Loss aggregation").
+"""The one loss aggregation point (docs/spec/baselines.md, "Loss aggregation").
 
 ``loss`` and ``weights`` are ``[rows, T]`` (a 1-D tensor is one row). Weights are
 non-negative reals, 0 on masked and padded tokens; any real-valued per-token

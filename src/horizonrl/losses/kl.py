@@ -1,4 +1,4 @@
-"""KL penalty estimators toward a frozen reference policy (spec/baselines.md, "KL penalty").
+"""KL penalty estimators toward a frozen reference policy (docs/spec/baselines.md, "KL penalty").
 
 Per-token values; weight and aggregate them like any other loss. Schulman's
 estimators ("Approximating KL Divergence", 2020): k1, k2, k3 (``low_var_kl``).

@@ -1,4 +1,4 @@
-"""Clipped policy-gradient loss (spec/baselines.md, "Policy loss").
+"""Clipped policy-gradient loss (docs/spec/baselines.md, "Policy loss").
 
 Works on tensors of any shape (typically ``[rows, T]``) and returns the loss per
 token; masking and normalization happen in :func:`horizonrl.losses.aggregate`.

@@ -1,4 +1,4 @@
-"""Training: the glue that turns rollouts into updates (DESIGN.md ``train/``).
+"""Training: the glue that turns rollouts into updates (docs/design.md ``train/``).
 
 Subpackages, in the order imports may point (each imports only those after it)::
 

@@ -5,7 +5,7 @@ merge into one row: ``prompt_0 + response_0 + env_0 + response_1 + ...`` where
 ``env_t = prompt_{t+1}[len(prompt_t + response_t):]`` is loss-masked. Any break
 (a template that strips ``<think>``, a summary, truncation of old turns) starts
 a new row from that turn's own prompt. So every trainable token is scored under
-exactly the context it was sampled from (DESIGN.md, "Rows").
+exactly the context it was sampled from (docs/design.md, "Rows").
 """
 
 from __future__ import annotations

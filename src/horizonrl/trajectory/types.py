@@ -7,7 +7,7 @@ reconstruction, a subagent). A segment is a list of *turns*; a turn is one polic
 generation plus the environment's reply to it.
 
 Every turn keeps the exact prompt token ids the model saw, so training can
-recompute log-probabilities under the same context (DESIGN.md, "The data model").
+recompute log-probabilities under the same context (docs/design.md, "The data model").
 This module depends only on :mod:`horizonrl.vocab` (standard library).
 
 The types, bottom up (every field has a docstring under it):

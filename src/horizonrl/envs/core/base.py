@@ -1,4 +1,4 @@
-"""The environment protocol (DESIGN.md, "Environments").
+"""The environment protocol (docs/design.md, "Environments").
 
 An environment is driven by an agent loop: ``reset(task)`` returns the first
 user message, ``step(action_text)`` consumes one raw assistant message and

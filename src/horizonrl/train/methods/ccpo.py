@@ -1,4 +1,5 @@
-"""CCPO's context states: frozen reference-model hidden states of step prompts (spec/ccpo.md; paper App. C.1).
+"""CCPO's context states: frozen reference-model hidden states of step prompts (docs/spec/ccpo.md;
+paper App. C.1).
 
 For every step ``(i, t)`` of the batch::
 

@@ -2,7 +2,7 @@
 
 ``score(h)`` is the mean log-probability of the ground-truth answer tokens
 teacher-forced after the context ``h`` followed by the answer probe
-``"Now there's enough information to answer. <answer>"`` (spec/mosaic.md B.1,
+``"Now there's enough information to answer. <answer>"`` (docs/spec/mosaic.md B.1,
 adapted to our chat template: no ``</think>``; when ``h`` ends with the
 end-of-turn token a new assistant header is opened first, so every probe is
 scored inside an open assistant turn). The probe and the answer are encoded

@@ -87,7 +87,7 @@ def downstream_turns(rollout: Rollout, k: int, offset: int = 0) -> list[Turn]:
 
 
 def trunk_metrics(rollouts: list[Rollout], prefix: str = "trunk/") -> dict[str, float]:
-    """Tool calls, generated tokens and turns per trunk; outcome counts (spec/rtpo.md "Metrics")."""
+    """Tool calls, generated tokens and turns per trunk; outcome counts (docs/spec/rtpo.md "Metrics")."""
     n = max(len(rollouts), 1)
     first_fail = sum(r.num_turns > 0 and len(agent_turns(r)) == 1 and not r.success for r in rollouts)
     return {
@@ -146,7 +146,7 @@ def reverse_stage_records(batch: dict[str, Any], k: int, *, estimator: str, iter
 
 @dataclass(frozen=True)
 class ReverseTurnParams(_Section):
-    """``train.trainer_params`` of the reverse-turn trainers (RTPO, paper Algorithm 1; spec/rtpo.md; and
+    """``train.trainer_params`` of the reverse-turn trainers (RTPO, paper Algorithm 1; docs/spec/rtpo.md; and
     SeeUPO, which reads the clamp and the budget)."""
 
     _prefix = "train.trainer_params."

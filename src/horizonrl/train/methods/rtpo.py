@@ -1,4 +1,4 @@
-"""Reverse-turn training: RTPO (paper Algorithm 1, App. E.1; spec/rtpo.md) and its shared base.
+"""Reverse-turn training: RTPO (paper Algorithm 1, App. E.1; docs/spec/rtpo.md) and its shared base.
 
 Parameters are ``train.trainer_params``
 (:class:`~horizonrl.train.methods.reverse_turn.ReverseTurnParams`). One *iteration*

@@ -1,4 +1,5 @@
-"""SeeUPO-style baseline (spec/rtpo.md "Baseline"; RTPO paper App. A, D, E.3): sequential per-turn updates.
+"""SeeUPO-style baseline (docs/spec/rtpo.md "Baseline"; RTPO paper App. A, D, E.3): sequential per-turn
+updates.
 
 Each iteration samples ``rollout.group_size`` *independent chains* per task
 (no trunks, no siblings), then runs one stage per turn index in reverse order,

@@ -71,7 +71,7 @@ def collect_groups(
 
 
 def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
-    """Per-step rollout statistics (DESIGN.md metric keys).
+    """Per-step rollout statistics (docs/design.md metric keys).
 
     Besides the fixed keys, every number an agent loop or context manager puts in
     ``rollout.env["metrics"]`` is averaged (over the rollouts that report it) as

@@ -1,6 +1,6 @@
 """Model-computed inputs of credit estimators (``EstimatorSpec.needs``): the trainer-to-method seam.
 
-Credit estimators are pure NumPy (DESIGN.md); the few that need a model's view
+Credit estimators are pure NumPy (docs/design.md); the few that need a model's view
 of the rollouts declare it, e.g. ``@register_estimator("ccpo", needs=("hidden",))``,
 and the trainer computes each need with the provider registered here::
 

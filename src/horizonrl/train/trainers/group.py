@@ -1,6 +1,6 @@
 """The group trainer: GRPO and every estimator that reads groups of rollouts.
 
-One step (DESIGN.md, ``train/``): sample ``tasks_per_step`` tasks, collect ``G``
+One step (docs/design.md, ``train/``): sample ``tasks_per_step`` tasks, collect ``G``
 rollouts each with the batched agent loop, ask the configured credit estimator
 for per-token advantages, build rows, run the PPO update, log, checkpoint. The
 run loop itself (evaluation, logging, checkpoints) is :class:`~horizonrl.train.trainers.loop.Trainer`'s,
