@@ -122,6 +122,37 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
     assert again["comparisons"][0]["diffs"] == c["diffs"]
 
 
+def test_a_stopped_arm_seed_resumes_from_its_checkpoint(tmp_path):
+    # Two runs of the same arm-seed: one uninterrupted for 4 steps, one stopped after 2 steps (its
+    # result.json removed, as a reproduction killed between its checkpoint and its end leaves it) and
+    # rerun: it resumes at step 2 and ends where the uninterrupted one does.
+    def run(out, steps):
+        paper = _paper(
+            sft_warm_start=False, arms=(Arm("grpo"),), comparisons=(), seeds=1, budget_tokens=10_000,
+            max_steps=steps, checkpoint_every=1,
+        )  # fmt: skip
+        reproduce(paper, Settings(seeds=1, out=out, log=lambda m: None), results_dir=None)
+        return out / "mini" / "grpo" / "seed_0"
+
+    whole = json.loads((run(tmp_path / "a", 4) / "result.json").read_text())
+    seed = run(tmp_path / "b", 2)
+    first = json.loads((seed / "result.json").read_text())
+    assert first["sessions"] == 1 and first["updates"] == 2
+    (seed / "result.json").unlink()
+    resumed = json.loads((run(tmp_path / "b", 4) / "result.json").read_text())
+    assert "[resume] from the checkpoint of step 2" in (seed / "log.txt").read_text()
+    assert resumed["sessions"] == 2 and resumed["updates"] == whole["updates"] == 4
+    # (the first session's end evaluation at step 2 stays on disk: compare the final evaluations)
+    assert resumed["per_task"][-1] == whole["per_task"][-1] and resumed["pass@1"] == whole["pass@1"]
+    assert resumed["generated_tokens"] == whole["generated_tokens"]
+    # the wall time adds the first session's two steps to the second session's own
+    marks = json.loads((seed / "wall.json").read_text())["marks"]
+    assert sorted(int(k) for k in marks) == [1, 2, 3, 4] and resumed["wall_s"] == pytest.approx(
+        marks["4"], rel=0.2
+    )
+    assert marks["3"] > marks["2"] >= first["wall_s"] * 0.5
+
+
 def test_a_reproduction_without_sft_starts_from_the_base_model(tmp_path):
     from horizonrl.reproduce.runner import arm_items
 

@@ -32,8 +32,11 @@ CARRY_SETUP = (
     "eval_samples",
     "eval_temperature",
     "eval_seed",
+    "eval_greedy",
     "gate",
 )
+#: What a setup field was before the JSON recorded it (pages written before ``eval_greedy`` existed).
+SETUP_DEFAULTS = {"eval_greedy": False}
 
 
 def _spelled_now(item: str) -> str:
@@ -103,7 +106,11 @@ def carry_over(
         return []
     if previous.get("paper") != res["paper"]:
         return [f"the earlier page is of paper {previous.get('paper')!r}"]
-    changed = [k for k in CARRY_SETUP if previous["setup"].get(k) != res["setup"].get(k)]
+    changed = [
+        k
+        for k in CARRY_SETUP
+        if previous["setup"].get(k, SETUP_DEFAULTS.get(k)) != res["setup"].get(k, SETUP_DEFAULTS.get(k))
+    ]
     if changed:
         return [
             f"scenarios {todo} and arms {sorted(left)} not carried: the setup changed ({', '.join(changed)})"

@@ -143,6 +143,31 @@ def mosaic_warm_checks(cfg: RunConfig, model_dir, *, spread: float = 0.5, n_task
     ]  # fmt: skip
 
 
+# ----------------------------------------------------------------- multi-turn learning
+
+
+def tool_calls_per_episode(groups: list[Group]) -> float:
+    """Mean tool calls that ran in an episode (``Turn.tool_calls``, as ``rollout/tool_calls_mean``)."""
+    ro = _flat(groups)
+    return float(np.mean([sum(t.tool_calls for t in r.turns) for r in ro])) if ro else 0.0
+
+
+def multi_turn_warm_checks(
+    cfg: RunConfig, model_dir, *, min_calls: float = 2.5, n_tasks: int = 16
+) -> list[Row]:
+    """The warm start's own groups (:func:`policy_groups`): a task that needs its earlier turns is one the
+    policy solves over several tool calls (gate: at least ``min_calls`` an episode), and RL needs groups
+    that neither all solve nor all fail (mixed groups and success, reported)."""
+    groups = policy_groups(cfg, model_dir, n_tasks=n_tasks)
+    calls = tool_calls_per_episode(groups)
+    success = float(np.mean([r.success for r in _flat(groups)]))
+    return [
+        row("warm start: tool calls per episode", calls, f">= {min_calls}", calls >= min_calls),
+        row("warm start: success", success, "report", True),
+        row("warm start: mixed groups", mixed_group_rate(groups), "report", True),
+    ]
+
+
 # ----------------------------------------------------------------- ECHO
 
 

@@ -10,7 +10,10 @@ An arm-seed is a plain ``horizonrl`` training run (the paper's base config + the
 paper's overrides + the arm's overrides + the harness's: seed, warm start,
 token budget, evaluation settings), executed in a subprocess with one torch
 thread, ``jobs`` at a time. A killed reproduction rerun skips every arm-seed
-with a ``result.json`` and reruns the others from scratch.
+with a ``result.json``; an arm-seed that was stopped part way resumes from its
+last checkpoint when the paper checkpoints (``Paper.checkpoint_every``), else it
+reruns from scratch. Its ``wall_s`` adds up the sessions it ran in
+(:class:`RunClock`).
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def arm_items(paper: Paper, settings: Settings, arm: Arm, seed: int, out_dir: Pa
         f"train.eval_fractions={'[0.5]' if settings.mid_eval else '[]'}",
         "train.eval_every=0",
         "train.eval_at_start=false",
-        "train.save_every=0",
+        f"train.save_every={paper.checkpoint_every}",
         "train.keep_checkpoints=1",
         "train.progress=false",
     ]
@@ -221,7 +224,13 @@ def eval_signature(cfg: RunConfig) -> str:
             "env": d["env"],
             "rollout": d["rollout"],
             "init": t["init"],
-            "eval": [t["eval_samples"], t["eval_temperature"], t["eval_seed"]],
+            # greedy only when on, so signatures (and cached start evaluations) without it are unchanged
+            "eval": [
+                t["eval_samples"],
+                t["eval_temperature"],
+                t["eval_seed"],
+                *(["greedy"] * t["eval_greedy"]),
+            ],
         }
     )
 
@@ -313,7 +322,7 @@ def run_jobs(paper: Paper, settings: Settings, jobs: list[Job]) -> None:
     def one(job: Job) -> tuple[Job, int, float]:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        with open(job.out_dir / "log.txt", "w") as log:
+        with open(job.out_dir / "log.txt", "a") as log:  # a resumed run's log goes on
             rc = subprocess.run(
                 [sys.executable, "-m", "horizonrl.reproduce", job.to_json(paper, settings)],
                 stdout=log,
@@ -422,21 +431,50 @@ def summarize_run(
     }
 
 
+class RunClock:
+    """Wall time of one arm-seed over every session it ran in: ``wall.json`` maps each finished step to
+    the seconds spent up to it, so a run resumed from its checkpoint at step ``n`` counts what came
+    before ``n`` once (steps redone after ``n`` are timed again, not twice)."""
+
+    def __init__(self, out_dir: Path, start_step: int) -> None:
+        self.path = out_dir / "wall.json"
+        old = json.loads(self.path.read_text()) if start_step and self.path.exists() else {}
+        self.marks = {int(k): v for k, v in old.get("marks", {}).items() if int(k) <= start_step}
+        self.base = self.marks.get(start_step, 0.0)
+        self.sessions = int(old.get("sessions", 0)) + 1
+        self.t0 = time.perf_counter()
+
+    def total(self) -> float:
+        return self.base + time.perf_counter() - self.t0
+
+    def tick(self, step: int, _metrics: Any = None) -> None:
+        self.marks[step] = self.total()
+        data = {"sessions": self.sessions, "marks": self.marks}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.path)
+
+
 def _run_one(spec: dict[str, Any]) -> None:
     import torch
 
+    from horizonrl.train.records.checkpoint import latest_checkpoint
     from horizonrl.train.trainers.registry import make_trainer
 
     torch.set_num_threads(1)
     cfg = load_config(spec["base"], spec["overrides"])
     out = Path(spec["out_dir"])
-    t0 = time.perf_counter()
-    trainer = make_trainer(cfg)
+    resume = latest_checkpoint(out / "checkpoints") is not None
+    trainer = make_trainer(cfg, resume=resume)
+    if resume:
+        print(f"[resume] from the checkpoint of step {trainer.step}", flush=True)
+    clock = RunClock(out, trainer.step)
     try:
-        trainer.fit()
+        trainer.fit(progress_cb=clock.tick)
     finally:
         trainer.close()
-    result = summarize_run(out, spec["diagnostics"], time.perf_counter() - t0, spec["zero_adv_metrics"])
+    result = summarize_run(out, spec["diagnostics"], clock.total(), spec["zero_adv_metrics"])
+    result["sessions"] = clock.sessions
     result["config"] = cfg.to_dict()
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps(result) + "\n")

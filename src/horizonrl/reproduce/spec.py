@@ -78,6 +78,9 @@ class Paper:
     gate_tasks: int = 128
     gate_samples: int = 2
     max_steps: int = 10_000  # a cap; the token budget ends the runs
+    #: checkpoint every arm-seed run every N steps (0: only at its end), so a reproduction stopped part
+    #: way through a long run resumes it from there (real models: an arm-seed can take hours)
+    checkpoint_every: int = 0
     diagnostics: tuple[str, ...] = ()  # metric keys averaged over each run's steps
     #: metric keys (averaged over each run's steps, like ``diagnostics``) shown in a table of their own,
     #: one row per arm-seed beside its end pass@1: what sets a collapsed seed apart
