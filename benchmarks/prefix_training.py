@@ -358,7 +358,7 @@ def table(results: dict) -> list[str]:
 
 def write_docs(results: dict, command: str) -> None:
     """Each setting's table into its page's block (:data:`DOCS`)."""
-    from docs_block import write_block
+    from horizonrl.benchtools import write_block
 
     for kind in ("smollm2", "tiny"):
         part = {k: v for k, v in results.items() if (k == "smollm2") == (kind == "smollm2")}

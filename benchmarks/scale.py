@@ -35,11 +35,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+
+
+def _shaped_env():
+    """``tests/shaped_env.py``, loaded from its file (it registers ``arith_shaped``; the torchrun workers,
+    ``tests/dist_run.py``, register the same module): the distributed tests' environment and run, one copy."""
+    import importlib.util
+
+    if "shaped_env" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("shaped_env", ROOT / "tests" / "shaped_env.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["shaped_env"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["shaped_env"]
 
 
 def overrides(model_dir: str, out: str, *extra: str) -> list[str]:
-    from shaped_env import small_run_overrides
+    small_run_overrides = _shaped_env().small_run_overrides
 
     return small_run_overrides(model_dir, "algo.mini_batches=2", f"train.out_dir={out}", *extra)
 
@@ -53,7 +65,7 @@ def median_steps(trainer, steps: int) -> dict[str, float]:
 
 
 def bench_ray(args) -> dict:
-    import shaped_env
+    shaped_env = _shaped_env()
     from horizonrl import cluster
     from horizonrl.config import load_config
     from horizonrl.train.trainers.group import GroupTrainer
@@ -117,7 +129,7 @@ def bench_torchrun(args) -> dict:
 
 
 def bench_async(args) -> dict:
-    import shaped_env  # noqa: F401
+    _shaped_env()  # registers arith_shaped
     from horizonrl.config import load_config
     from horizonrl.train.trainers.group import GroupTrainer
 

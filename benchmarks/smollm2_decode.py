@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from docs_block import Printed, write_block
+from horizonrl.benchtools import Printed, write_block
 from packed_linear import decode_step_ms, shared_prefix_prompts, smollm2_engine
 
 

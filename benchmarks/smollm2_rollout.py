@@ -45,7 +45,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from docs_block import Printed, write_block
+from horizonrl.benchtools import Printed, write_block
 
 #: The engine's speed-ups that :func:`_without` can turn off, so earlier rows measure the engine before them.
 FIXES = ("prefill", "packed", "lean", "turns")

@@ -49,7 +49,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from docs_block import Printed, write_block
+from horizonrl.benchtools import Printed, write_block
 from smollm2_rollout import BEFORE
 from trl_grpo import KNOBS, horizonrl_run, trl_run
 

@@ -31,8 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_smoke import _memory
+from horizonrl.benchtools import memory_in_use
 
 ENVS = ("math_python", "search", "household")
 #: The methods a recipe can train: overrides on top of the environment's packaged config.
@@ -120,7 +119,7 @@ def train(method: str, model: str, args, out_dir: Path) -> dict:
     peak: dict[str, float] = {}
 
     def on_step(step: int, m: dict) -> None:
-        for k, v in _memory(args.cpu).items():
+        for k, v in memory_in_use(args.cpu).items():
             peak[k] = max(peak.get(k, 0.0), v)
         if step == 0 or "time/update_s" not in m:
             return
@@ -131,7 +130,7 @@ def train(method: str, model: str, args, out_dir: Path) -> dict:
             "update_tok_s": m.get("train/trainable_tokens", 0.0) / max(m["time/update_s"], 1e-9),
             "sync_s": float(getattr(trainer.engine, "last_sync_s", 0.0) or 0.0),
             "ratio": m.get("train/ratio_geomean", float("nan")),
-            **_memory(args.cpu),
+            **memory_in_use(args.cpu),
         }
         rows.append(row)
         print(f"  {method} step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))

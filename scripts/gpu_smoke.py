@@ -37,7 +37,6 @@ without vLLM", has the numbers.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -93,30 +92,11 @@ def qwen_sized(out: Path, tokenizer, *, cpu: bool) -> Path:
     return save_model_and_tokenizer(model, tokenizer, out)
 
 
-def _memory(cpu: bool) -> dict[str, float]:
-    """Memory in use now, in GiB (GPU: every process on the device, and this process's peak)."""
-    if cpu:
-        import psutil
-
-        me = psutil.Process()
-        rss = me.memory_info().rss
-        for child in me.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                rss += child.memory_info().rss
-        return {"rss_gib": rss / 2**30}
-    import torch
-
-    free, total = torch.cuda.mem_get_info()
-    return {
-        "gpu_used_gib": (total - free) / 2**30,
-        "trainer_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-    }
-
-
 def run(
     name: str, model_path: str, out_dir: Path, *, cpu: bool, steps: int, engine: str, extra=(), check=True
 ) -> dict:
     """``steps`` GRPO steps on the arithmetic env with ``engine``; per-step throughput and ratio."""
+    from horizonrl.benchtools import memory_in_use
     from horizonrl.config import load_config
     from horizonrl.train.trainers.group import GroupTrainer
 
@@ -160,7 +140,7 @@ def run(
     peak: dict[str, float] = {}
 
     def on_step(step: int, m: dict) -> None:
-        for k, v in _memory(cpu).items():
+        for k, v in memory_in_use(cpu).items():
             peak[k] = max(peak.get(k, 0.0), v)
         sync = getattr(trainer.engine, "last_sync_s", 0.0)
         row = {

@@ -17,15 +17,13 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
+from horizonrl import benchtools  # one writer of generated blocks, shared with the benchmarks
 from horizonrl.config import describe
 from horizonrl.train.trainers.registry import trainer_reference
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # one writer of generated blocks, shared with the benchmarks
-import docs_block  # noqa: E402
 
 README = ROOT / "README.md"
 PAPERS = ("rtpo", "ccpo", "mosaic", "echo")
@@ -33,7 +31,7 @@ PAPERS = ("rtpo", "ccpo", "mosaic", "echo")
 
 def replace_block(text: str, name: str, body: str) -> str:
     """The README's ``<!-- name -->`` block replaced by ``body``: the benchmarks' block writer."""
-    return docs_block.replace_block(text, name, body, where="README.md")
+    return benchtools.replace_block(text, name, body, where="README.md")
 
 
 def quickstart_block(log: str) -> str:

@@ -1,4 +1,4 @@
-"""benchmarks/docs_block.py writes a benchmark's printed output into the docs block it names and nothing
+"""horizonrl.benchtools writes a benchmark's printed output into the docs block it names and nothing
 else; benchmarks/smollm2_rollout.py's settings each add one change to the row above."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from horizonrl import benchtools
 from script_module import load_script
 
 
@@ -15,7 +16,7 @@ def _bench():
 
 
 def _docs():
-    return load_script("benchmarks/docs_block.py")
+    return benchtools
 
 
 def test_write_block_replaces_only_the_block(tmp_path):

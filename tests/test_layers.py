@@ -126,7 +126,7 @@ FLOORS = [
     ("credit", "losses"),
     ("trajectory",),
     ("tool_formats", "math_answer", "cluster", "world", "userimport"),
-    ("registry", "jsonl", "safe_yaml", "textparse", "sympy_worker", "vocab"),
+    ("registry", "jsonl", "safe_yaml", "textparse", "sympy_worker", "vocab", "benchtools"),
     ("errors",),
 ]
 
