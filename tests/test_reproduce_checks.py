@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from horizonrl.config import load_config
-from horizonrl.reproduce.checks import mixed_group_rate, policy_groups, session_spread_rate
-from horizonrl.trajectory import Group, Rollout, Segment
+from horizonrl.reproduce.checks import (
+    mixed_group_rate,
+    multi_turn_warm_checks,
+    policy_groups,
+    session_spread_rate,
+    tool_calls_per_episode,
+)
+from horizonrl.trajectory import Group, Rollout, Segment, Turn
 from shaped_env import arith_run_overrides
 
 
@@ -31,6 +37,32 @@ def test_session_spread_counts_outcome_subgroups_by_hand():
     assert mixed_group_rate(groups) == pytest.approx(2 / 3)
     # The round-3 forking warm start: two subagents (3 sessions) in every rollout -> no spread at all.
     assert session_spread_rate([_group((3, True), (3, False), (3, True), (3, False))]) == 0.0
+
+
+def test_tool_calls_per_episode_by_hand():
+    def rollout(uid, *calls):  # one turn per entry, with that many tool calls
+        turns = [Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0], tool_calls=c) for c in calls]
+        return Rollout(uid, "t", "g", [Segment(turns=turns)])
+
+    # episodes of 1 + 1 + 0 = 2, 1 + 1 + 1 + 0 = 3 and 4 calls (two segments): mean 3
+    g = Group("g", "t", [rollout("a", 1, 1, 0), rollout("b", 1, 1, 1, 0)])
+    g.rollouts.append(
+        Rollout("c", "t", "g", [Segment(turns=rollout("x", 2).turns), Segment(turns=rollout("y", 2).turns)])
+    )
+    assert tool_calls_per_episode([g]) == pytest.approx(3.0)
+    assert tool_calls_per_episode([]) == 0.0
+
+
+def test_multi_turn_warm_checks_gate_on_tool_calls(tiny_model_dir, tmp_path):
+    cfg = load_config(None, arith_run_overrides(tiny_model_dir, tmp_path, "rollout.temperature=1.0"))
+    rows = multi_turn_warm_checks(cfg, tiny_model_dir, n_tasks=2, min_calls=0.0)
+    groups = policy_groups(cfg, tiny_model_dir, n_tasks=2)  # the same seeded draws
+    calls, success = rows[0], rows[1]
+    assert calls["name"] == "warm start: tool calls per episode" and calls["gate"] and calls["ok"]
+    assert calls["value"] == pytest.approx(round(tool_calls_per_episode(groups), 3))
+    assert success["value"] == pytest.approx(round(sum(r.success for g in groups for r in g.rollouts) / 8, 3))
+    # a gate above what the policy does fails the row (and so refuses RL like the pass@1 gate)
+    assert not multi_turn_warm_checks(cfg, tiny_model_dir, n_tasks=2, min_calls=99.0)[0]["ok"]
 
 
 def test_policy_groups_are_the_models_own_groups_on_training_tasks(tiny_model_dir, tmp_path):

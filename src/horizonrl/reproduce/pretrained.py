@@ -11,13 +11,22 @@ demonstrations (one seed per arm), labelled as such in their titles.
 
 from __future__ import annotations
 
+from horizonrl.reproduce.checks import multi_turn_warm_checks
 from horizonrl.reproduce.spec import Arm, Comparison, Paper, register_paper
 
 
 def _pretrained(**kw) -> Paper:
-    """A reproduction that starts from the pretrained weights: no SFT, one sample per held-out task, a
-    gate that only refuses a model with (almost) no reward or nothing left to learn."""
-    defaults = dict(sft_warm_start=False, eval_samples=1, gate=(0.05, 0.9), gate_samples=1, comparisons=())
+    """A reproduction that starts from the pretrained weights: no SFT, one sample per held-out task and
+    one greedy episode (so a page tells learning from sharpening, issue 54), a gate that only refuses a
+    model with (almost) no reward or nothing left to learn."""
+    defaults = dict(
+        sft_warm_start=False,
+        eval_samples=1,
+        eval_greedy=True,
+        gate=(0.05, 0.9),
+        gate_samples=1,
+        comparisons=(),
+    )
     return Paper(**{**defaults, **kw})
 
 
@@ -145,5 +154,57 @@ def smollm2_search_rtpo() -> Paper:
             "A demonstration with one seed per arm, labelled as one. Both arms start from one SFT warm "
             "start: SmolLM2-135M-Instruct fine-tuned on 128 clean expert episodes of the training "
             "questions (one epoch); the held-out questions are other questions over the same corpus."
+        ),
+    )
+
+
+#: The learning run's regime (issue 54 part 3): the demonstration's search questions and warm start, with
+#: 4 questions a step whose groups all carry signal (dynamic sampling: a group whose 8 episodes tie is
+#: dropped and more questions are drawn, at most 4 draws a step), checkpoints every 2 steps so a stopped
+#: seed resumes, float32 sampling and update (a CPU without bf16 units runs bf16 25x slower, emulated).
+SEARCH_LEARNING = (
+    *(o for o in SEARCH_REGIME if not o.startswith("rollout.tasks_per_step=")),
+    "rollout.tasks_per_step=4",
+    "rollout.dynamic_sampling=true",
+    "rollout.max_draws=4",
+    "inference.params.dtype=float32",
+    "train.precision=fp32",
+)
+
+
+@register_paper("smollm2_search")
+def smollm2_search() -> Paper:
+    return _pretrained(
+        name="smollm2_search",
+        title="SmolLM2-135M-Instruct learns multi-hop search with GRPO after an SFT warm start",
+        claim=(
+            "A pretrained model learns a task whose episodes need their earlier turns (search, open the page "
+            "the results name, search the next hop, finish with the fact read there): on every seed the end "
+            "beats the SFT warm start, greedy and sampled, with task-bootstrap intervals that exclude 0 "
+            "(issue 54)."
+        ),
+        base="smollm2_search",
+        overrides=SEARCH_LEARNING,
+        sft_warm_start=True,
+        arms=(Arm("grpo", (), help="GRPO with dynamic sampling, 4 questions x 8 episodes a step"),),
+        budget_tokens=60_000,
+        seeds=3,
+        eval_tasks=39,  # every held-out question of one or two hops
+        eval_samples=3,  # 117 sampled episodes and 39 greedy ones per evaluation
+        gate=(0.1, 0.8),
+        gate_tasks=32,
+        warm_checks=multi_turn_warm_checks,
+        checkpoint_every=2,
+        diagnostics=(
+            "reward/mean",
+            "train/zero_adv_group_rate",
+            "rollout/groups_drawn",
+            "rollout/tool_calls_mean",
+            "train/ratio_geomean",
+        ),
+        notes=(
+            "Every seed starts from one SFT warm start: SmolLM2-135M-Instruct fine-tuned on 128 clean expert "
+            "episodes of the training questions (one epoch); the held-out questions are other questions over "
+            "the same corpus. Greedy pass@1 is one greedy episode per held-out question."
         ),
     )
