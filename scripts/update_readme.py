@@ -159,6 +159,11 @@ def real_model_block(name: str = "smollm2", arm: str = "grpo") -> str:
     )
 
 
+#: The README's real-model tables: block name -> the pretrained-model reproduction it shows (one row per
+#: seed of its ``grpo`` arm); a block the README does not hold is skipped.
+REAL_MODEL_BLOCKS = {"real-model": "smollm2", "real-model-search": "smollm2_search"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quickstart", default=None, help="log of a `horizonrl quickstart` run")
@@ -169,8 +174,9 @@ def main() -> None:
     text = replace_block(text, "trainer-params", trainer_reference())
     if "<!-- results-summary -->" in text:
         text = replace_block(text, "results-summary", results_block())
-    if "<!-- real-model -->" in text:
-        text = replace_block(text, "real-model", real_model_block())
+    for block, name in REAL_MODEL_BLOCKS.items():
+        if f"<!-- {block} -->" in text:
+            text = replace_block(text, block, real_model_block(name))
     if args.quickstart:
         with open(args.quickstart, newline="") as f:  # keep the progress bars' carriage returns
             text = replace_block(text, "quickstart-output", quickstart_block(f.read()))
