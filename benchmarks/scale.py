@@ -1,6 +1,6 @@
 """Costs of scaling out on one machine: Ray start, Ray replicas vs the local engine, 1 vs 2 update processes.
 
-Runs, in turns on the same tiny model and config (``tests/shaped_env.py``'s dense-reward arithmetic):
+Runs, in turns on the same tiny model and config (``tests/helpers/shaped_env.py``'s dense-reward arithmetic):
 
 - ``ray``: private Ray start (``horizonrl.cluster.connect``), replica start, then the median
   ``time/step_s`` / ``time/rollout_s`` of group-trainer steps with the local engine
@@ -38,12 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _shaped_env():
-    """``tests/shaped_env.py``, loaded from its file (it registers ``arith_shaped``; the torchrun workers,
-    ``tests/dist_run.py``, register the same module): the distributed tests' environment and run, one copy."""
+    """``tests/helpers/shaped_env.py``, loaded from its file (it registers ``arith_shaped``; the torchrun
+    workers, ``tests/helpers/dist_run.py``, register the same module): the distributed tests' environment
+    and run, one copy."""
     import importlib.util
 
     if "shaped_env" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("shaped_env", ROOT / "tests" / "shaped_env.py")
+        path = ROOT / "tests" / "helpers" / "shaped_env.py"
+        spec = importlib.util.spec_from_file_location("shaped_env", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules["shaped_env"] = module
         spec.loader.exec_module(module)
@@ -102,7 +104,7 @@ def bench_torchrun(args) -> dict:
     ):
         dest = Path(args.out) / f"tr_{name}"
         script = [
-            str(ROOT / "tests" / "dist_run.py"),
+            str(ROOT / "tests" / "helpers" / "dist_run.py"),
             str(dest),
             *common,
             f"train.out_dir={dest}/run",

@@ -18,7 +18,8 @@ with token-level TIS for the engine/trainer mismatch, and a fixed generation bud
 ``--eval-every`` steps. It prints, per step, the reward, rollout tokens/s (sampled tokens / rollout
 seconds), update tokens/s (trained tokens / update seconds, weight sync included), sync seconds and GPU
 memory (every process on the device, and the trainer's own peak), then each method's learning curve,
-and writes everything as JSON (``--out``). ``--cpu`` is the dry run CI takes (tests/test_gpu_recipe.py).
+and writes everything as JSON (``--out``). ``--cpu`` is the dry run CI takes
+(tests/scripts/test_gpu_recipe.py).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ against the plain update (``tree`` in the JSON: ``token_ratio``, ``speedup``).
 
 ``--engine hf`` (a GPU machine without vLLM, as the one lent to this project's sessions): the
 Qwen2.5-0.5B-sized model (with ``--tokenizer DIR``'s vocabulary, e.g. Qwen2.5's saved by
-``tests/families_support.family_tokenizer("qwen2_5").save_pretrained(DIR)``) trains on the HF engine in
-float32 (ratio checked), with the memory-lean bf16 update, and with it plus gradient checkpointing, each
+``tests/helpers/family_tokenizers.family_tokenizer("qwen2_5").save_pretrained(DIR)``) trains on the HF
+engine in float32 (ratio checked), with the memory-lean bf16 update, and with it plus gradient
+checkpointing, each
 run with its own peak memory; then ``--parts`` (default all): the rollout drivers and
 ``benchmarks/generation.py`` on the HF engine, and the prefix-shared training step. docs/scale.md, "One H200
 without vLLM", has the numbers.

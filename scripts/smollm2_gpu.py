@@ -15,7 +15,7 @@ once, and trains the packaged ``smollm2_math_python.yaml`` on ``--device`` (bf16
 engine, bf16-autocast update with float32 master weights) until ``--minutes`` are spent, then prints
 held-out pass@1 at the start and the end (95 % Wilson intervals), rollout and update tokens/s and peak
 GPU memory, one JSON line at the end. ``--dry-run`` runs the same path on the CPU with tiny sizes (the
-tests do: tests/test_smollm2_gpu_script.py).
+tests do: tests/scripts/test_smollm2_gpu_script.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 ``LOG`` is the stdout of ``horizonrl quickstart`` (``make quickstart | tee LOG``); the
 block between the ``quickstart-output`` markers is replaced by its table part, so the
 README shows exactly what a run printed. The config reference is ``horizonrl
-config-reference``; ``tests/test_config.py`` checks it is current. The results summary is
+config-reference``; ``tests/config/test_config.py`` checks it is current. The results summary is
 built from ``docs/results/*.json`` (written by ``horizonrl reproduce NAME``).
 """
 

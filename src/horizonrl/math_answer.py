@@ -20,7 +20,7 @@ Time is bounded, not hoped for:
   shared by the elements of a tuple or set). Strings longer than :data:`MAX_SYMPY_CHARS`, with
   exponents of four or more digits or chained powers never reach SymPy.
 
-Cost (2-core CPU, measured by ``tests/test_rewards_fuzz.py::test_cost_per_call``): numbers and
+Cost (2-core CPU, measured by ``tests/rewards/test_rewards_fuzz.py::test_cost_per_call``): numbers and
 fractions ~20-60 us per call in process; a SymPy comparison ~1-5 ms round trip to the warm child;
 a killed comparison costs ``timeout_s`` and the child's restart (~0.5 s, in the background).
 """

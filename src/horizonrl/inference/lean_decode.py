@@ -15,8 +15,8 @@ kept once in float32, transposed). Per layer, with ``h`` the residual stream::
 
 then ``logits = W_head rmsnorm(h)``. The keys and values go into the engine's ``DynamicCache`` as
 transformers' forward puts them, so a prefill (transformers' forward) and lean steps mix freely. The
-result equals transformers' forward up to float rounding (tests/test_lean_decode.py: float32 logits of
-Llama, Qwen2 with projection biases and Qwen3 with per-head norms; bf16 within bf16 rounding).
+result equals transformers' forward up to float rounding (tests/inference/test_lean_decode.py: float32
+logits of Llama, Qwen2 with projection biases and Qwen3 with per-head norms; bf16 within bf16 rounding).
 
 Used by the HF engine with ``inference.params.lean_decode`` (on in the packaged ``smollm2_*`` configs;
 ``benchmarks/smollm2_rollout.py`` measures it). Models whose architecture it does not cover (other model

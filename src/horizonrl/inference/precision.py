@@ -153,7 +153,8 @@ class _PackedLinear:
     weight freezing does), and redone whenever the weight changes (its storage, or its autograd version
     counter, which every in-place write moves: :meth:`HFEngine.sync`'s ``load_state_dict``). The product is
     oneDNN's same kernel, so outputs equal ``F.linear``'s for layers without a bias
-    (tests/test_shared_prefix.py checks it, and that the engine samples the same tokens with and without);
+    (tests/inference/test_shared_prefix.py checks it, and that the engine samples the same tokens with and
+    without);
     a bias oneDNN adds inside the kernel, which can differ from ``F.linear`` by one bf16 rounding.
     """
 

@@ -44,7 +44,7 @@ from horizonrl.train.update.ppo import ppo_update
 from horizonrl.trajectory import Group, build_rows
 
 #: Prefixes of the metric keys that measure wall-clock time (everything else is bit-identical for the
-#: same config and seed: tests/test_reliability.py, docs/reliability.md).
+#: same config and seed: tests/train/test_reliability.py, docs/reliability.md).
 NONDETERMINISTIC_KEYS = ("time/", "throughput/")
 
 
