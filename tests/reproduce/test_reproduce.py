@@ -122,6 +122,7 @@ def test_miniature_reproduction_end_to_end_and_resume(tmp_path):
     assert again["comparisons"][0]["diffs"] == c["diffs"]
 
 
+@pytest.mark.integration
 def test_a_stopped_arm_seed_resumes_from_its_checkpoint(tmp_path):
     # Two runs of the same arm-seed: one uninterrupted for 4 steps, one stopped after 2 steps (its
     # result.json removed, as a reproduction killed between its checkpoint and its end leaves it) and
