@@ -21,6 +21,7 @@ from pathlib import Path
 
 from horizonrl import benchtools  # one writer of generated blocks, shared with the benchmarks
 from horizonrl.config import describe
+from horizonrl.reproduce.learning import MEASURES
 from horizonrl.train.trainers.registry import trainer_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,11 +125,7 @@ def real_model_block(name: str = "smollm2", arm: str = "grpo") -> str:
     st = res["setup"]
     runs = {x["seed"]: x for x in res["arms"][arm]["seeds"]}
     start = res["arms"][arm]["start"]
-    measures = [
-        (title, g)
-        for title, key in (("pass@1", "gains"), ("greedy pass@1", "gains_greedy"), ("pass@k", "gains_pass@k"))
-        if (g := (res.get(key) or {}).get(arm))
-    ]
+    measures = [(m.title, g) for m in MEASURES.values() if (g := (res.get(m.gains_key) or {}).get(arm))]
     calls = start.get("tool_calls_mean") is not None
     head = ["seed"]
     for title, _ in measures:

@@ -27,35 +27,70 @@ pass@1 or pass@k; one that learns raises greedy pass@1 too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from horizonrl.reproduce.stats import Interval, paired_bootstrap, t_interval
 
-#: What a gain is measured on: the results JSON's per-task counts, and whether they are divided by the
-#: samples per task (a success rate) or read as "at least one success" (pass@k).
+
+@dataclass(frozen=True)
+class Measure:
+    """One way of reading held-out success: which per-task counts, how a count becomes a per-task rate
+    (``rate``: divided by the samples per task; ``single``: one episode per task, already 0 or 1; ``any``:
+    1.0 where some sample succeeded), where the results JSON keeps its gains, its title on the page and
+    the opening of its learning table's caption."""
+
+    counts: str
+    kind: str
+    gains_key: str
+    title: str
+    intro: str
+
+
+#: The measures a gain is computed under (module docstring), in page order.
 MEASURES = {
-    "sampled": ("per_task", "rate"),
-    "greedy": ("per_task_greedy", "rate"),
-    "pass@k": ("per_task", "any"),
+    "sampled": Measure(
+        "per_task",
+        "rate",
+        "gains",
+        "pass@1",
+        "Learning over the warm start (end − start pass@1 on the same held-out tasks",
+    ),
+    "greedy": Measure(
+        "per_task_greedy",
+        "single",
+        "gains_greedy",
+        "greedy pass@1",
+        "Learning over the warm start, greedy decoding (end − start of the share of held-out tasks "
+        "one greedy episode solves",
+    ),
+    "pass@k": Measure(
+        "per_task",
+        "any",
+        "gains_pass@k",
+        "pass@k",
+        "Learning over the warm start, pass@k (end − start of the share of held-out tasks at least "
+        "one of the k samples solves",
+    ),
 }
 
 
 def rates(result: dict[str, Any], index: int = -1, measure: str = "sampled") -> np.ndarray:
-    """Per-task success of evaluation ``index`` of a run under ``measure`` (:data:`MEASURES`): the
-    success rate (counts / ``samples``; one greedy episode per task), or 1.0 where any sample succeeded."""
-    key, kind = MEASURES[measure]
-    counts = np.asarray(result[key][index], dtype=np.float64)
-    if kind == "any":
+    """Per-task success of evaluation ``index`` of a run under ``measure`` (:class:`Measure`'s kind)."""
+    m = MEASURES[measure]
+    counts = np.asarray(result[m.counts][index], dtype=np.float64)
+    if m.kind == "any":
         return (counts > 0).astype(np.float64)
-    return counts / (1 if measure == "greedy" else max(1, result["samples"] or 1))
+    return counts if m.kind == "single" else counts / max(1, result["samples"] or 1)
 
 
 def _measured(result: dict[str, Any], measure: str) -> bool:
     """Whether a run (or start) holds ``measure``: its per-task counts, and k > 1 samples for pass@k."""
-    key, kind = MEASURES[measure]
-    return bool(result.get(key)) and result[key][-1] is not None and (kind != "any" or result["samples"] > 1)
+    m = MEASURES[measure]
+    have = bool(result.get(m.counts)) and result[m.counts][-1] is not None
+    return have and (m.kind != "any" or result["samples"] > 1)
 
 
 def reading(t: Interval, boot: Interval) -> str:
@@ -76,7 +111,7 @@ def arm_gain(arm: dict[str, Any], eval_samples: int, measure: str = "sampled") -
     start, seeds = arm.get("start"), arm.get("seeds") or []
     if not start or not seeds:
         return None
-    key = MEASURES[measure][0]
+    key = MEASURES[measure].counts
     first = {key: [start.get(key)], "samples": eval_samples}
     if not _measured(first, measure) or not all(_measured(x, measure) for x in seeds):
         return None
@@ -107,24 +142,19 @@ def gains(res: dict[str, Any], measure: str = "sampled") -> dict[str, Any]:
     return {name: g for name, g in out.items() if g is not None}
 
 
-#: How each measure's gains are named in the results JSON and titled on the page.
-GAIN_KEYS = {"sampled": "gains", "greedy": "gains_greedy", "pass@k": "gains_pass@k"}
-TITLES = {"sampled": "pass@1", "greedy": "greedy pass@1", "pass@k": "pass@k"}
-
-
 def all_gains(res: dict[str, Any]) -> dict[str, Any]:
-    """``{GAIN_KEYS[m]: gains(res, m)}`` for every measure some arm has (sampled always)."""
+    """``{gains_key: gains(res, measure)}`` for every measure some arm has (sampled always)."""
     out = {}
-    for measure, key in GAIN_KEYS.items():
-        g = gains(res, measure)
-        if g or measure == "sampled":
-            out[key] = g
+    for name, m in MEASURES.items():
+        g = gains(res, name)
+        if g or name == "sampled":
+            out[m.gains_key] = g
     return out
 
 
 def gain_table(arm_gains: dict[str, Any], measure: str = "sampled") -> str:
     """The page's table of :func:`gains`' result under ``measure`` (``''`` when no arm has one)."""
-    what = TITLES[measure]
+    what = MEASURES[measure].title
     rows = [
         f"| `{name}` | {g['start']:.3f} | {Interval(**g['t']).fmt()} | "
         f"[{g['bootstrap']['lo']:+.3f}, {g['bootstrap']['hi']:+.3f}] | {g['reading']} |"
@@ -145,13 +175,7 @@ def gain_table(arm_gains: dict[str, Any], measure: str = "sampled") -> str:
     seed_head = (
         f"| arm | seed | end {what} | end − start [task bootstrap 95% CI] | reading |\n|---|---|---|---|---|"
     )
-    intro = {
-        "sampled": "Learning over the warm start (end − start pass@1 on the same held-out tasks",
-        "greedy": "Learning over the warm start, greedy decoding (end − start of the share of held-out tasks "
-        "one greedy episode solves",
-        "pass@k": "Learning over the warm start, pass@k (end − start of the share of held-out tasks at least "
-        "one of the k samples solves",
-    }[measure]
+    intro = MEASURES[measure].intro
     return (
         f"\n\n{intro}; the t-interval "
         "holds the start fixed, the task bootstrap carries its sampling noise; an arm rose or fell only "

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from horizonrl.reproduce.learning import GAIN_KEYS, all_gains, gain_table, rates
+from horizonrl.reproduce.learning import MEASURES, all_gains, gain_table, rates
 from horizonrl.reproduce.plots import plot_curves, plot_diffs
 from horizonrl.reproduce.runner import EVAL_KEYS
 from horizonrl.reproduce.spec import Paper, check_miss
@@ -442,7 +442,7 @@ def _results_text(res: dict[str, Any], diag_keys: list[str], seed_keys: Sequence
         else "No comparisons are declared: the question is only whether each arm learned."
     )
     diffs = f"\n![paired differences]({name}_diffs.png)" if res["comparisons"] else ""
-    learning = "".join(gain_table(res.get(key) or {}, measure) for measure, key in GAIN_KEYS.items())
+    learning = "".join(gain_table(res.get(m.gains_key) or {}, name) for name, m in MEASURES.items())
     return f"""{arm_table(res, diag_keys)}{per_seed}
 
 Values are mean ± sd over seeds. {paired}{metric_table(res)}{learning}
